@@ -1,0 +1,14 @@
+"""The ComfyUI adapter: node schemas and the wiring of cache_core into ComfyUI's patch points."""
+
+from __future__ import annotations
+
+from comfy_api.latest import ComfyExtension, io
+
+
+class StepCacheExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return []
+
+
+async def comfy_entrypoint() -> ComfyExtension:
+    return StepCacheExtension()

@@ -1,0 +1,79 @@
+"""Test-only ComfyUI nodes (never shipped): tiny models and conditioning without a text encoder.
+
+ComfyUI has no core node that makes conditioning without a text encoder, and its Flux detection
+cannot load tiny checkpoints, so API tests build both here, from ComfyUI's own model classes.
+"""
+
+from __future__ import annotations
+
+from comfy_api.latest import ComfyExtension, io
+
+from .tiny_models import FAMILIES, build_model, conditioning, empty_latent
+
+FAMILY_NAMES = sorted(FAMILIES)
+
+
+class TinyModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StepCacheTestTinyModel",
+            category="stepcache/testing",
+            inputs=[
+                io.Combo.Input("family", options=FAMILY_NAMES),
+                io.Int.Input("seed", default=0, min=0, max=2**31 - 1),
+            ],
+            outputs=[io.Model.Output()],
+        )
+
+    @classmethod
+    def execute(cls, family: str, seed: int) -> io.NodeOutput:
+        return io.NodeOutput(build_model(family, seed))
+
+
+class TinyConditioning(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StepCacheTestConditioning",
+            category="stepcache/testing",
+            inputs=[
+                io.Combo.Input("family", options=FAMILY_NAMES),
+                io.Int.Input("seed", default=0, min=0, max=2**31 - 1),
+                io.Int.Input("batch", default=1, min=1, max=16),
+            ],
+            outputs=[io.Conditioning.Output()],
+        )
+
+    @classmethod
+    def execute(cls, family: str, seed: int, batch: int) -> io.NodeOutput:
+        return io.NodeOutput(conditioning(family, seed, batch))
+
+
+class TinyLatent(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StepCacheTestLatent",
+            category="stepcache/testing",
+            inputs=[
+                io.Combo.Input("family", options=FAMILY_NAMES),
+                io.Int.Input("batch", default=1, min=1, max=16),
+                io.Int.Input("scale", default=1, min=1, max=8),
+                io.Int.Input("frames", default=0, min=0, max=64, tooltip="video length; 0 keeps the default"),
+            ],
+            outputs=[io.Latent.Output()],
+        )
+
+    @classmethod
+    def execute(cls, family: str, batch: int, scale: int, frames: int) -> io.NodeOutput:
+        return io.NodeOutput(empty_latent(family, batch, scale, frames or None))
+
+
+class TestNodes(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return [TinyModel, TinyConditioning, TinyLatent]
+
+
+async def comfy_entrypoint() -> ComfyExtension:
+    return TestNodes()

@@ -1,0 +1,88 @@
+"""Boots the real ComfyUI in this process (CPU) with this pack and the test-only nodes loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import pathlib
+import sys
+import tempfile
+from dataclasses import dataclass
+from types import ModuleType
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+TEST_NODES_DIR = pathlib.Path(__file__).resolve().parent / "comfy_test_nodes"
+# The folder name a user's custom_nodes/ would hold the pack under.
+PACK_FOLDER_NAME = "comfyui-stepcache"
+TEST_NODES_FOLDER_NAME = "stepcache_test_nodes"
+
+
+def comfyui_dir() -> pathlib.Path:
+    value = os.environ.get("COMFYUI_DIR")
+    if not value:
+        raise RuntimeError("COMFYUI_DIR is not set: run the tests through ./dev test, which installs the host")
+    path = pathlib.Path(value).resolve()
+    if not (path / "comfy" / "model_patcher.py").is_file():
+        raise RuntimeError(f"COMFYUI_DIR={path} is not a ComfyUI tree")
+    return path
+
+
+def make_base_directory(prefix: str) -> pathlib.Path:
+    """A ComfyUI --base-directory whose custom_nodes/ holds this pack and the test nodes."""
+    base = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+    custom_nodes = base / "custom_nodes"
+    custom_nodes.mkdir()
+    (custom_nodes / PACK_FOLDER_NAME).symlink_to(REPO_ROOT, target_is_directory=True)
+    (custom_nodes / TEST_NODES_FOLDER_NAME).symlink_to(TEST_NODES_DIR, target_is_directory=True)
+    for sub in ("models/diffusion_models", "input", "output", "user", "temp"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    return base
+
+
+@dataclass(frozen=True)
+class Host:
+    base_directory: pathlib.Path
+    pack: ModuleType
+    test_nodes: ModuleType
+
+    def pack_module(self, dotted: str) -> ModuleType:
+        """A submodule of the pack as ComfyUI loaded it, e.g. ``pack_module("cache_core.policies")``."""
+        import importlib
+
+        return importlib.import_module(f"{self.pack.__name__}.{dotted}")
+
+    def test_module(self, dotted: str) -> ModuleType:
+        import importlib
+
+        return importlib.import_module(f"{self.test_nodes.__name__}.{dotted}")
+
+
+@functools.cache
+def boot() -> Host:
+    """Import ComfyUI on CPU and load the custom nodes exactly as ComfyUI's start-up does."""
+    root = comfyui_dir()
+    base = make_base_directory("stepcache-inproc-")
+    sys.path.insert(0, str(root))
+
+    from comfy.cli_args import args  # parsing of sys.argv stays off (comfy.options default)
+
+    args.cpu = True  # before comfy.model_management is imported
+    args.base_directory = str(base)
+    args.disable_auto_launch = True
+    # `nodes` puts comfy/ on sys.path; importing this first keeps `utils` resolving to ComfyUI's
+    # utils/ package (main.py does the same).
+    import utils.extra_config  # noqa: F401
+
+    import nodes
+
+    logging.getLogger().setLevel(logging.INFO)
+    asyncio.run(nodes.init_extra_nodes(init_custom_nodes=True, init_api_nodes=False))
+
+    custom_nodes = base / "custom_nodes"
+    pack = sys.modules.get(str(custom_nodes / PACK_FOLDER_NAME).replace(".", "_x_"))
+    test_nodes = sys.modules.get(str(custom_nodes / TEST_NODES_FOLDER_NAME).replace(".", "_x_"))
+    if pack is None or test_nodes is None:
+        raise RuntimeError("ComfyUI did not load the pack or the test nodes; see the log above")
+    return Host(base_directory=base, pack=pack, test_nodes=test_nodes)

@@ -1,0 +1,65 @@
+"""The real ComfyUI HTTP server runs graphs with this pack and the test nodes loaded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.server
+
+
+def read_latent(path) -> torch.Tensor:
+    """A latent file written by ComfyUI's SaveLatent node."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))["latent_tensor"]
+
+
+def tiny_graph(family: str, steps: int = 4, cfg: float = 3.0) -> dict:
+    return {
+        "model": {"class_type": "StepCacheTestTinyModel", "inputs": {"family": family, "seed": 0}},
+        "pos": {"class_type": "StepCacheTestConditioning", "inputs": {"family": family, "seed": 1, "batch": 1}},
+        "neg": {"class_type": "StepCacheTestConditioning", "inputs": {"family": family, "seed": 2, "batch": 1}},
+        "latent": {"class_type": "StepCacheTestLatent", "inputs": {"family": family, "batch": 1, "scale": 1, "frames": 0}},
+        "sampler": {"class_type": "KSampler", "inputs": {
+            "model": ["model", 0], "positive": ["pos", 0], "negative": ["neg", 0], "latent_image": ["latent", 0],
+            "seed": 7, "steps": steps, "cfg": cfg, "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0}},
+        "save": {"class_type": "SaveLatent", "inputs": {"samples": ["sampler", 0], "filename_prefix": f"latents/{family}"}},
+    }
+
+
+def test_server_is_comfyui_0_3_75_with_the_pack(server):
+    stats = server.get("/system_stats")
+    assert stats["system"]["comfyui_version"] == "0.3.75"
+    info = server.get("/object_info")
+    assert "StepCacheTestTinyModel" in info and "EasyCache" in info
+
+
+def test_api_prompt_runs_to_completion_and_writes_output(server):
+    before = set(server.output_files())
+    entry = server.run(tiny_graph("flux"))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    written = [p for p in server.output_files() if p not in before and p.suffix == ".latent"]
+    assert len(written) == 1
+    latent = read_latent(written[0])
+    assert latent.shape == (1, 16, 16, 16)
+    assert torch.isfinite(latent).all() and latent.abs().sum() > 0
+
+
+def test_tiny_wan_checkpoint_loads_through_the_real_unet_loader(server, host):
+    from safetensors.torch import save_file
+
+    tiny = host.test_module("tiny_models")
+    model = tiny.build_model("wan21", seed=3)
+    state = {k: v.contiguous() for k, v in model.model.diffusion_model.state_dict().items()}
+    save_file(state, str(server.base_directory / "models" / "diffusion_models" / "tiny_wan.safetensors"))
+
+    graph = tiny_graph("wan21")
+    graph["model"] = {"class_type": "UNETLoader", "inputs": {"unet_name": "tiny_wan.safetensors", "weight_dtype": "default"}}
+    before = set(server.output_files())
+    entry = server.run(graph)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    (written,) = [p for p in server.output_files() if p not in before and p.suffix == ".latent"]
+    latent = read_latent(written)
+    assert latent.shape == (1, 16, 3, 8, 8)
+    assert torch.isfinite(latent).all()
