@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from .apply_nodes import ApplyMagCache, ApplyTeaCache
+
 
 class StepCacheExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return []
+        return [ApplyTeaCache, ApplyMagCache]
 
 
 async def comfy_entrypoint() -> ComfyExtension:

@@ -1,0 +1,34 @@
+"""Families with no block hooks in ComfyUI 0.3.75: Lumina 2 / Z-Image, HiDream, Cosmos.
+
+Their forwards never look at ``patches_replace["dit"]``, so the block stack cannot be skipped
+from outside. They are cached one level up instead, through the DIFFUSION_MODEL wrapper: the
+"stack" is the whole diffusion model, its residual is model output minus model input (the same
+trick as ComfyUI's EasyCache), and a skipped step returns input + cached residual without
+running the model at all. The TeaCache signal is the relative change of the model's input (no
+published coefficients fit it); MagCache needs a calibration measured in this same space.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Family, Variant
+
+
+class OutputSpaceFamily(Family):
+    @property
+    def caches_in_output_space(self) -> bool:
+        return True
+
+    def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
+        raise NotImplementedError("output-space families use the model input as the signal")
+
+
+LUMINA2 = OutputSpaceFamily(
+    name="lumina2", model_classes=("Lumina2",), variants=(Variant("lumina2"),),
+    notes="Lumina Image 2.0 and Z-Image.",
+)
+HIDREAM = OutputSpaceFamily(name="hidream", model_classes=("HiDream",), variants=(Variant("hidream"),))
+COSMOS = OutputSpaceFamily(
+    name="cosmos", model_classes=("CosmosVideo", "CosmosPredict2"), variants=(Variant("cosmos"),),
+)

@@ -1,0 +1,158 @@
+"""ApplyTeaCache and ApplyMagCache: MODEL in, MODEL out (ComfyUI V3 node schema)."""
+
+from __future__ import annotations
+
+import logging
+
+from comfy_api.latest import io
+
+from .. import families
+from ..cache_core import MagRatios
+from .runtime import CacheSettings, install
+
+LOGGER = logging.getLogger("stepcache")
+CATEGORY = "sampling/step cache"
+
+MagRatiosType = io.Custom("MAG_RATIOS")
+
+CACHE_DEVICE_TOOLTIP = (
+    "Where cached residuals live between steps. main_device: beside the model (fastest). "
+    "offload_device: in system memory, copied over when used; for when accelerator memory is short."
+)
+VARIANT_TOOLTIP = (
+    "Which published constants to use. auto tells the variant from the loaded model and the run; "
+    "pick one only for checkpoints that share an architecture (e.g. Wan 2.2 A14B vs Wan 2.1 14B)."
+)
+
+
+def variant_options(kind: str) -> list[str]:
+    names = ["auto"]
+    for family in families.FAMILIES:
+        names += [v.name for v in family.variants if getattr(v, kind) is not None]
+    return names
+
+
+def resolve_family(model: object, node: str) -> families.Family | None:
+    family = families.family_for(model.model)
+    if family is None:
+        LOGGER.warning("[StepCache] %s: %s; the model passes through uncached",
+                       node, families.unsupported_reason(model.model))
+    return family
+
+
+def check_variant(family: families.Family, variant: str, node: str) -> None:
+    if variant != "auto" and variant not in family.variant_names:
+        raise ValueError(
+            f"{node}: variant '{variant}' is not a {family.name} model (this model's variants: "
+            f"{', '.join(family.variant_names)}); choose one of those or auto"
+        )
+
+
+class ApplyTeaCache(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="ApplyTeaCache",
+            display_name="Apply TeaCache",
+            category=CATEGORY,
+            description=(
+                "Skips the transformer block stack on steps where the first block's modulated input "
+                "changed little since the last computed step, reusing that step's residual. The "
+                "model family and its published coefficients are detected from the model."
+            ),
+            inputs=[
+                io.Model.Input("model"),
+                io.Float.Input(
+                    "threshold", default=0.4, min=0.0, max=10.0, step=0.01,
+                    tooltip="Accumulated (rescaled) change below which a step is skipped. 0 never skips. "
+                    "Published settings: FLUX 0.4 (about 1.8x) to 0.8 (2.25x); Wan 2.1 and others need "
+                    "far smaller values (0.05-0.2). Higher is faster and less faithful.",
+                ),
+                io.Float.Input("start_percent", default=0.0, min=0.0, max=1.0, step=0.01,
+                               tooltip="Skipping starts at this point of the denoising (model time)."),
+                io.Float.Input("end_percent", default=1.0, min=0.0, max=1.0, step=0.01,
+                               tooltip="Skipping stops at this point of the denoising (model time)."),
+                io.Int.Input("max_consecutive_skips", default=3, min=1, max=100,
+                             tooltip="At most this many steps in a row reuse the cache."),
+                io.Combo.Input("cache_device", options=["main_device", "offload_device"],
+                               default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
+                io.Combo.Input("variant", options=variant_options("teacache"), default="auto",
+                               tooltip=VARIANT_TOOLTIP, optional=True),
+            ],
+            outputs=[io.Model.Output()],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def validate_inputs(cls, start_percent: float = 0.0, end_percent: float = 1.0, **_: object) -> bool | str:
+        if start_percent >= end_percent:
+            return f"start_percent ({start_percent}) must be below end_percent ({end_percent})"
+        return True
+
+    @classmethod
+    def execute(cls, model: object, threshold: float, start_percent: float, end_percent: float,
+                max_consecutive_skips: int, cache_device: str, variant: str = "auto") -> io.NodeOutput:
+        family = resolve_family(model, "ApplyTeaCache")
+        if family is None:
+            return io.NodeOutput(model)
+        check_variant(family, variant, "ApplyTeaCache")
+        settings = CacheSettings(
+            method="teacache", family=family.name, variant=variant, threshold=threshold,
+            max_consecutive_skips=max_consecutive_skips, start_percent=start_percent,
+            end_percent=end_percent, cache_device=cache_device, node_id=cls.hidden.unique_id,
+        )
+        return io.NodeOutput(install(model, settings, family))
+
+
+class ApplyMagCache(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="ApplyMagCache",
+            display_name="Apply MagCache",
+            category=CATEGORY,
+            description=(
+                "Skips the transformer block stack while the calibrated drift of its residual's "
+                "magnitude stays under the threshold, reusing the last computed step's residual. "
+                "Uses the published ratios of the detected model, or a calibration from MagCacheCalibrate."
+            ),
+            inputs=[
+                io.Model.Input("model"),
+                io.Float.Input("threshold", default=0.06, min=0.0, max=2.0, step=0.001,
+                               tooltip="Accumulated magnitude error allowed while skipping. 0 never skips; "
+                               "higher is faster and less faithful."),
+                io.Int.Input("max_consecutive_skips", default=2, min=1, max=100,
+                             tooltip="K in the paper: at most this many steps in a row reuse the cache."),
+                io.Float.Input("retention_ratio", default=0.2, min=0.0, max=1.0, step=0.01,
+                               tooltip="The first part of the denoising always computes (it lays out the image)."),
+                io.Combo.Input("cache_device", options=["main_device", "offload_device"],
+                               default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
+                io.Combo.Input("variant", options=variant_options("magcache"), default="auto",
+                               tooltip=VARIANT_TOOLTIP, optional=True),
+                MagRatiosType.Input("ratios", optional=True,
+                                    tooltip="Magnitude ratios measured by MagCacheCalibrate; overrides the published ones."),
+            ],
+            outputs=[io.Model.Output()],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, model: object, threshold: float, max_consecutive_skips: int, retention_ratio: float,
+                cache_device: str, variant: str = "auto", ratios: MagRatios | None = None) -> io.NodeOutput:
+        family = resolve_family(model, "ApplyMagCache")
+        if family is None:
+            return io.NodeOutput(model)
+        check_variant(family, variant, "ApplyMagCache")
+        if ratios is not None and not isinstance(ratios, MagRatios):
+            raise ValueError(f"ApplyMagCache: ratios must come from MagCacheCalibrate, got {type(ratios).__name__}")
+        if ratios is None and not any(v.magcache is not None for v in family.variants):
+            raise ValueError(
+                f"ApplyMagCache: no MagCache ratios are published for {family.name} models. Measure them "
+                f"once with MagCacheCalibrate and connect its ratios output here."
+            )
+        settings = CacheSettings(
+            method="magcache", family=family.name, variant=variant, threshold=threshold,
+            max_consecutive_skips=max_consecutive_skips, retention_ratio=retention_ratio,
+            ratios=ratios, cache_device=cache_device, node_id=cls.hidden.unique_id,
+        )
+        return io.NodeOutput(install(model, settings, family))

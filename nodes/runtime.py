@@ -1,0 +1,334 @@
+"""The cache inside ComfyUI: settings on the model, run scope, and the block hooks.
+
+How it plugs in (ComfyUI's public patch points only, nothing of ComfyUI's code copied):
+
+- ``install`` clones the MODEL and stores a tensor-free ``CacheSettings`` in its
+  transformer_options, an OUTER_SAMPLE wrapper, and a ``patches_replace["dit"]`` hook on every
+  block of the stack (families without block hooks get a DIFFUSION_MODEL wrapper instead, which
+  caches the whole model's output; see families/output_space.py).
+- ``outer_sample_wrapper`` runs once per sampling run: it builds a fresh ``ActiveRun`` from that
+  run's own sigmas, model and conditioning, puts it in the run's transformer_options, and in
+  ``finally`` reports and frees it, also on errors and interrupts. Outside a run the hooks only
+  call the original blocks, so a model patched here and an unpatched clone of it never interfere.
+- the head block hook asks the run's ``RunCache`` to compute or skip the call; on a skip the
+  blocks pass their inputs through and the tail returns stack input + cached residual, which also
+  discards anything added to the stream between blocks (VACE hints and the like), since the
+  residual already contains what was added on the last computed step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import comfy.model_management
+import torch
+from comfy.patcher_extension import WrappersMP
+
+from .. import families
+from ..cache_core import MagCachePolicy, MagRatios, RunCache, RunSchedule, StackCall, TeaCachePolicy
+from ..cache_core.policies import CachePolicy, NeverSkipPolicy
+from ..cache_core.run_cache import PASSTHROUGH
+from ..cache_core.stats import RunStats
+from .reporting import report
+
+LOGGER = logging.getLogger("stepcache")
+
+SETTINGS_KEY = "stepcache"  # transformer_options: the node's settings (no tensors: clones deep-copy them)
+RUN_KEY = "stepcache_run"  # transformer_options during a sampling run: its ActiveRun
+WRAPPER_KEY = "stepcache"
+COMPILE_WRAPPER_KEY = "torch.compile"  # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
+
+# Below this many steps a skipped step costs more quality than it saves (distilled 4-8 step
+# models): such runs sample uncached and say so.
+MIN_STEPS_TO_CACHE = 10
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """What an Apply node chose. Deep-copied with every clone of the model: tensor-free."""
+
+    method: str  # "teacache" | "magcache" | "measure"
+    family: str
+    variant: str = "auto"
+    threshold: float = 0.0
+    max_consecutive_skips: int = 1
+    start_percent: float = 0.0
+    end_percent: float = 1.0
+    retention_ratio: float = 0.0
+    ratios: MagRatios | None = None
+    coefficients: tuple[float, ...] | None = None
+    cache_device: str = "main_device"
+    node_id: str | None = None
+    record_trace: bool = False
+
+
+class ActiveRun:
+    """One sampling run's cache, reachable from every hook through transformer_options."""
+
+    def __init__(self, cache: RunCache, family: families.Family, variant: str,
+                 diffusion_model: torch.nn.Module, use_signal: bool) -> None:
+        self.cache = cache
+        self.family = family
+        self.variant = variant
+        self.diffusion_model = diffusion_model
+        self.use_signal = use_signal
+        self.call: StackCall = PASSTHROUGH
+        self.single_stream = family.single_stream
+
+    # Block hooks ---------------------------------------------------------------------------
+
+    def run_block(self, hook: BlockHook, args: dict, extra: dict) -> dict:
+        if hook.is_head:
+            self.call = self._begin(args, args["img"]) if self.cache.enabled else PASSTHROUGH
+        call = self.call
+        if call.skip:
+            return self._skipped_output(hook, args, call.cached_output) if hook.is_tail else passthrough(args)
+        out = hook.run_original(args, extra)
+        if hook.is_tail and call.stack_input is not None:
+            self._finish(call, self._image_part(hook, out["img"], call.stack_input))
+        return out
+
+    def run_model(self, executor: Any, x: torch.Tensor, options: dict, args: tuple, kwargs: dict) -> torch.Tensor:
+        """Output-space caching of the whole diffusion model (families without block hooks)."""
+        call = self._begin({"transformer_options": options}, x, signal_input=x) if self.cache.enabled else PASSTHROUGH
+        if call.skip:
+            return call.cached_output
+        out = executor(*args, **kwargs)
+        if call.stack_input is not None:
+            self._finish(call, out)
+        return out
+
+    def _begin(self, args: dict, stack_input: torch.Tensor, signal_input: torch.Tensor | None = None) -> StackCall:
+        try:
+            options = args["transformer_options"]
+            branches = options.get("cond_or_uncond") or (0,)
+            keys = options.get("uuids") or branches
+            signal = None
+            if self.use_signal:
+                if signal_input is not None:
+                    def signal() -> torch.Tensor:
+                        return signal_input
+                else:
+                    def signal() -> torch.Tensor:
+                        return self.family.teacache_signal(self.diffusion_model, args)
+            return self.cache.begin(options["sigmas"], keys, branches, stack_input, signal)
+        except Exception as error:  # never break sampling over the cache
+            self._give_up(error)
+            return PASSTHROUGH
+
+    def _finish(self, call: StackCall, stack_output: torch.Tensor) -> None:
+        try:
+            self.cache.finish(call, stack_output)
+        except Exception as error:
+            self._give_up(error)
+
+    def _give_up(self, error: Exception) -> None:
+        LOGGER.warning("[StepCache] %s: the cache failed (%r); the rest of this run samples uncached",
+                       self.family.name, error, exc_info=True)
+        self.cache.disable(f"cache error: {error!r}")
+
+    def _image_part(self, hook: BlockHook, stream: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        if hook.kind != "single_block" or self.single_stream is None:
+            return stream
+        tokens = like.shape[1]
+        return stream[:, -tokens:] if self.single_stream == "txt_img" else stream[:, :tokens]
+
+    def _skipped_output(self, hook: BlockHook, args: dict, cached: torch.Tensor) -> dict:
+        out = passthrough(args)
+        if hook.kind == "single_block" and self.single_stream is not None:
+            stream, tokens = args["img"], cached.shape[1]
+            if self.single_stream == "txt_img":
+                out["img"] = torch.cat((stream[:, :-tokens], cached), dim=1)
+            else:
+                out["img"] = torch.cat((cached, stream[:, tokens:]), dim=1)
+        else:
+            out["img"] = cached
+        return out
+
+
+def passthrough(args: dict) -> dict:
+    """A skipped block returns its stream arguments unchanged."""
+    return {key: args[key] for key in ("img", "txt") if key in args}
+
+
+class BlockHook:
+    """A ``patches_replace["dit"]`` entry. Holds no tensors (it is deep-copied with the model);
+    chains to the hook another pack put on the same block, if any."""
+
+    def __init__(self, kind: str, index: int, is_head: bool, is_tail: bool, previous: Any = None) -> None:
+        self.kind = kind
+        self.index = index
+        self.is_head = is_head
+        self.is_tail = is_tail
+        self.previous = previous
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        options = args.get("transformer_options")
+        run = options.get(RUN_KEY) if options is not None else None
+        if run is None:
+            return self.run_original(args, extra)
+        return run.run_block(self, args, extra)
+
+    def run_original(self, args: dict, extra: dict) -> dict:
+        if self.previous is not None:
+            return self.previous(args, extra)
+        return extra["original_block"](args)
+
+
+def diffusion_model_wrapper(executor: Any, *args: Any, **kwargs: Any) -> Any:
+    """DIFFUSION_MODEL wrapper for families without block hooks."""
+    options = kwargs.get("transformer_options")
+    if not isinstance(options, dict):
+        options = args[-1] if args and isinstance(args[-1], dict) else {}
+    run = options.get(RUN_KEY)
+    if run is None:
+        return executor(*args, **kwargs)
+    return run.run_model(executor, args[0], options, args, kwargs)
+
+
+# Run scope -------------------------------------------------------------------------------
+
+
+def outer_sample_wrapper(executor: Any, *args: Any, **kwargs: Any) -> Any:
+    """OUTER_SAMPLE wrapper: one fresh ActiveRun per sampling run, freed when it ends."""
+    guider = executor.class_obj
+    options = guider.model_options.setdefault("transformer_options", {})
+    settings = options.get(SETTINGS_KEY)
+    if settings is None or RUN_KEY in options:
+        return executor(*args, **kwargs)
+    try:
+        run = start_run(settings, guider, *args, **kwargs)
+    except Exception:
+        LOGGER.warning("[StepCache] could not set up the cache; this run samples uncached", exc_info=True)
+        run = None
+    if run is None:
+        return executor(*args, **kwargs)
+    options[RUN_KEY] = run
+    try:
+        return executor(*args, **kwargs)
+    finally:
+        options.pop(RUN_KEY, None)
+        stats = run.cache.close()
+        run.call = PASSTHROUGH
+        finish_run(settings, run, stats)
+
+
+def finish_run(settings: CacheSettings, run: ActiveRun, stats: RunStats) -> None:
+    report(settings.node_id, f"{run.family.name} / {run.variant}", stats)
+
+
+def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_image: torch.Tensor,
+              sampler: Any, sigmas: torch.Tensor, denoise_mask: torch.Tensor | None = None,
+              *args: Any, **kwargs: Any) -> ActiveRun | None:
+    patcher = guider.model_patcher
+    model = patcher.model
+    family = families.family_for(model)
+    if family is None or family.name != settings.family:
+        LOGGER.warning("[StepCache] the model is not the %s model the cache was set up for; uncached",
+                       settings.family)
+        return None
+    model_sampling = patcher.get_model_object("model_sampling")
+    schedule = RunSchedule.from_sigmas(sigmas.reshape(-1).tolist(), model_sampling.percent_to_sigma)
+    context = families.RunContext(
+        conds=getattr(guider, "conds", None), latent_shape=tuple(latent_image.shape),
+        steps=schedule.steps, has_denoise_mask=denoise_mask is not None,
+    )
+    variant_name = settings.variant if settings.variant != "auto" else family.detect_variant(model, context)
+    variant = family.variant(variant_name)
+    policy = make_policy(settings, schedule, variant, family)
+    cache = RunCache(
+        schedule, policy, cache_device=resolve_cache_device(settings.cache_device),
+        measure=settings.method == "measure", record_trace=settings.record_trace,
+    )
+    reason = reason_not_to_skip(settings, guider, schedule)
+    if reason is not None:
+        cache.disable(reason)
+    use_signal = isinstance(policy, TeaCachePolicy) and cache.enabled
+    return ActiveRun(cache, family, variant_name, model.diffusion_model, use_signal)
+
+
+def make_policy(settings: CacheSettings, schedule: RunSchedule, variant: families.Variant,
+                family: families.Family) -> CachePolicy:
+    if settings.method == "teacache":
+        published = variant.teacache
+        coefficients = settings.coefficients or (published.values if published else None)
+        if coefficients is None:
+            LOGGER.warning("[StepCache] TeaCache: no published coefficients for %s; using the unscaled "
+                           "signal (calibrate for better results)", variant.name)
+        start = max(settings.start_percent, published.warmup if published and not settings.coefficients else 0.0)
+        return TeaCachePolicy(schedule, settings.threshold, coefficients, start, settings.end_percent,
+                              settings.max_consecutive_skips)
+    if settings.method == "magcache":
+        ratios = settings.ratios or variant.magcache
+        if ratios is None:
+            LOGGER.warning("[StepCache] MagCache: no ratios for %s; calibrate with MagCacheCalibrate. "
+                           "This run samples uncached.", variant.name)
+            return NeverSkipPolicy(schedule)
+        return MagCachePolicy(schedule, ratios, settings.threshold, settings.max_consecutive_skips,
+                              settings.retention_ratio)
+    return NeverSkipPolicy(schedule)
+
+
+def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedule) -> str | None:
+    """Runs where skipping would be wrong or pointless sample uncached, with one logged reason."""
+    if settings.method == "measure":
+        return None
+    if schedule.steps < MIN_STEPS_TO_CACHE:
+        return f"only {schedule.steps} steps: skipping would cost quality for little time"
+    conds = getattr(guider, "conds", None) or {}
+    if any(c.get("control") is not None for entries in conds.values() for c in entries or ()):
+        return "ControlNet adds to the blocks' outputs, which a cached residual would count twice"
+    if guider.model_options.get("context_handler") is not None:
+        return "context windows evaluate the model per window; one cached residual cannot serve them all"
+    if guider.model_patcher.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_WRAPPER_KEY):
+        return "torch.compile (TorchCompileModel) is on: its graphs cannot take per-step skip decisions"
+    return None
+
+
+def resolve_cache_device(choice: str) -> torch.device | None:
+    if choice == "offload_device":
+        return comfy.model_management.unet_offload_device()
+    return None
+
+
+# Installing ------------------------------------------------------------------------------
+
+
+def install(model: Any, settings: CacheSettings, family: families.Family) -> Any:
+    """A clone of ``model`` (a ComfyUI ModelPatcher) with the cache hooks; ``model`` is untouched."""
+    patched = model.clone()
+    patched.remove_wrappers_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY)
+    patched.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY)
+    patched.model_options.setdefault("transformer_options", {})[SETTINGS_KEY] = settings
+    patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample_wrapper)
+
+    keys = family.block_keys(patched.model.diffusion_model)
+    if not keys:
+        patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, diffusion_model_wrapper)
+        return patched
+    existing = patched.model_options["transformer_options"].get("patches_replace", {}).get("dit", {})
+    for position, (kind, index) in enumerate(keys):
+        previous = existing.get((kind, index))
+        if isinstance(previous, BlockHook):  # ours, from an earlier Apply node: replace it
+            previous = previous.previous
+        hook = BlockHook(kind, index, is_head=position == 0, is_tail=position == len(keys) - 1, previous=previous)
+        patched.set_model_patch_replace(hook, "dit", kind, index)
+    return patched
+
+
+def installed_settings(model: Any) -> CacheSettings | None:
+    return model.model_options.get("transformer_options", {}).get(SETTINGS_KEY)
+
+
+__all__ = [
+    "RUN_KEY",
+    "SETTINGS_KEY",
+    "ActiveRun",
+    "BlockHook",
+    "CacheSettings",
+    "install",
+    "installed_settings",
+    "outer_sample_wrapper",
+]
