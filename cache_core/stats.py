@@ -56,7 +56,8 @@ class RunStats:
 
     def as_dict(self) -> dict:
         """JSON-ready, for the UI and the API (/history)."""
-        return {
+        extra = {"trace": list(self.trace)} if self.trace else {}
+        return extra | {
             "method": self.method,
             "steps": self.steps,
             "branches": [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .apply_nodes import ApplyMagCache, ApplyTeaCache
+from .reporting import register_routes
 
 
 class StepCacheExtension(ComfyExtension):
@@ -13,4 +14,5 @@ class StepCacheExtension(ComfyExtension):
 
 
 async def comfy_entrypoint() -> ComfyExtension:
+    register_routes()
     return StepCacheExtension()

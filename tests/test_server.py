@@ -63,3 +63,35 @@ def test_tiny_wan_checkpoint_loads_through_the_real_unet_loader(server, host):
     latent = read_latent(written)
     assert latent.shape == (1, 16, 3, 8, 8)
     assert torch.isfinite(latent).all()
+
+
+def test_cached_graph_over_http_reports_its_stats(server):
+    graph = tiny_graph("flux", steps=12)
+    graph["cache"] = {"class_type": "ApplyMagCache", "inputs": {
+        "model": ["model", 0], "threshold": 0.5, "max_consecutive_skips": 4, "retention_ratio": 0.1,
+        "cache_device": "main_device", "variant": "auto"}}
+    graph["sampler"]["inputs"]["model"] = ["cache", 0]
+    prompt_id = server.queue(graph)
+    entry = server.wait(prompt_id)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    (run,) = server.get(f"/stepcache/stats?prompt_id={prompt_id}")
+    assert run["node"] == "cache" and run["label"] == "flux / flux.1-dev"
+    assert {b["branch"] for b in run["branches"]} == {"cond", "uncond"}
+    assert run["calls_computed"] + run["calls_skipped"] == 12 and run["calls_skipped"] > 0
+    assert "[StepCache] flux / flux.1-dev: MagCache" in server.log()
+
+
+def test_bad_widget_values_are_validation_errors_and_the_server_keeps_serving(server):
+    from harness.server import PromptRejected
+
+    graph = tiny_graph("flux", steps=12)
+    graph["cache"] = {"class_type": "ApplyTeaCache", "inputs": {
+        "model": ["model", 0], "threshold": -1.0, "start_percent": 0.9, "end_percent": 0.1,
+        "max_consecutive_skips": 3, "cache_device": "main_device"}}
+    graph["sampler"]["inputs"]["model"] = ["cache", 0]
+    with pytest.raises(PromptRejected) as rejected:
+        server.queue(graph)
+    errors = rejected.value.body["node_errors"]["cache"]["errors"]
+    text = " ".join(e["details"] + e["message"] for e in errors)
+    assert "threshold" in text and "start_percent" in text
+    assert server.get("/system_stats")["system"]["comfyui_version"] == "0.3.75"

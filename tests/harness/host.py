@@ -73,8 +73,10 @@ def boot() -> Host:
     args.disable_auto_launch = True
     # `nodes` puts comfy/ on sys.path; importing this first keeps `utils` resolving to ComfyUI's
     # utils/ package (main.py does the same).
-    import nodes
+    # isort: off
     import utils.extra_config  # noqa: F401
+    import nodes
+    # isort: on
 
     logging.getLogger().setLevel(logging.INFO)
     asyncio.run(nodes.init_extra_nodes(init_custom_nodes=True, init_api_nodes=False))

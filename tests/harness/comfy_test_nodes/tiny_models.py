@@ -338,3 +338,40 @@ def empty_latent(family: str, batch: int = 1, scale: int = 1, frames: int | None
     if spec.is_video and frames is not None:
         spatial[0] = frames
     return {"samples": torch.zeros(batch, spec.latent_channels, *spatial)}
+
+
+# A model the pack does not cache (an SD1.5 UNet), to show it passes through untouched.
+SD15_UNET_CONFIG = {
+    "use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4, "model_channels": 32,
+    "num_res_blocks": [1], "channel_mult": [1], "transformer_depth": [0], "transformer_depth_output": [0, 0],
+    "transformer_depth_middle": 0, "use_spatial_transformer": True, "legacy": False, "adm_in_channels": None,
+    "use_linear_in_transformer": False, "context_dim": 32, "num_heads": 1, "num_head_channels": -1,
+    "use_temporal_resblock": False, "use_temporal_attention": False,
+}
+
+
+def build_sd15_unet(seed: int = 0) -> comfy.model_patcher.ModelPatcher:
+    config = comfy.supported_models.SD15(dict(SD15_UNET_CONFIG))
+    config.set_inference_dtype(torch.float32, None)
+    model = config.get_model({}, "")
+    model.load_model_weights(random_state_dict(model.diffusion_model, seed), "")
+    model.eval()
+    device = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+
+
+def build_flux_controlnet(seed: int = 0) -> object:
+    """A tiny FLUX ControlNet (InstantX style, latent hint) around ComfyUI's ControlNetFlux."""
+    import comfy.controlnet
+    import comfy.ldm.flux.controlnet
+    import comfy.ops
+
+    config = {k: v for k, v in FAMILIES["flux"].unet_config.items() if k != "image_model"}
+    control_model = comfy.ldm.flux.controlnet.ControlNetFlux(
+        latent_input=True, operations=comfy.ops.disable_weight_init, **config
+    )
+    control_model.load_state_dict(random_state_dict(control_model, seed))
+    return comfy.controlnet.ControlNet(
+        control_model, compression_ratio=1, latent_format=None, load_device=torch.device("cpu"),
+        manual_cast_dtype=None, extra_conds=["y", "guidance"],
+    )

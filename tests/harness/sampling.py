@@ -1,0 +1,119 @@
+"""In-process helpers: sample tiny models with ComfyUI's real samplers, apply the pack's nodes.
+
+Import after ``host.boot()`` (the ``host`` fixture): this module imports ComfyUI.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import comfy.sample
+import comfy.samplers
+import nodes
+import torch
+
+from . import host as host_module
+
+_node_ids = itertools.count(1)
+
+
+def tiny() -> Any:
+    return host_module.boot().test_module("tiny_models")
+
+
+def pack(dotted: str) -> Any:
+    return host_module.boot().pack_module(dotted)
+
+
+@dataclass
+class Job:
+    """One sampling run of a tiny family; fields are KSampler's inputs."""
+
+    family: str
+    seed: int = 42
+    steps: int = 12
+    cfg: float = 3.0
+    sampler: str = "euler"
+    scheduler: str = "simple"
+    denoise: float = 1.0
+    batch: int = 1
+    scale: int = 1
+    frames: int | None = None
+    positive_seed: int = 1
+    negative_seed: int = 2
+    extra: dict = field(default_factory=dict)
+
+    def latent(self) -> dict:
+        return tiny().empty_latent(self.family, self.batch, self.scale, self.frames)
+
+    def conds(self) -> tuple[list, list]:
+        t = tiny()
+        return (t.conditioning(self.family, self.positive_seed, self.batch),
+                t.conditioning(self.family, self.negative_seed, self.batch))
+
+    def run(self, model: Any) -> torch.Tensor:
+        """KSampler (nodes.common_ksampler)."""
+        positive, negative = self.conds()
+        return nodes.common_ksampler(
+            model, self.seed, self.steps, self.cfg, self.sampler, self.scheduler, positive, negative,
+            self.latent(), denoise=self.denoise,
+        )[0]["samples"]
+
+    def run_advanced(self, model: Any, start: int, end: int, add_noise: bool = True,
+                     leftover_noise: bool = False, latent: dict | None = None) -> torch.Tensor:
+        """KSamplerAdvanced: steps [start, end) of ``steps``."""
+        positive, negative = self.conds()
+        return nodes.common_ksampler(
+            model, self.seed, self.steps, self.cfg, self.sampler, self.scheduler, positive, negative,
+            latent or self.latent(), denoise=1.0, disable_noise=not add_noise, start_step=start,
+            last_step=end, force_full_denoise=not leftover_noise,
+        )[0]["samples"]
+
+    def run_sigmas(self, model: Any, sigmas: torch.Tensor) -> torch.Tensor:
+        """SamplerCustom with an explicit sigma schedule."""
+        positive, negative = self.conds()
+        latent = self.latent()["samples"]
+        noise = comfy.sample.prepare_noise(latent, self.seed)
+        sampler = comfy.samplers.sampler_object(self.sampler)
+        return comfy.sample.sample_custom(model, noise, self.cfg, sampler, sigmas, positive, negative, latent,
+                                          seed=self.seed)
+
+
+def apply(model: Any, method: str, **inputs: Any) -> tuple[Any, str]:
+    """Run ApplyTeaCache/ApplyMagCache's execute as ComfyUI does; returns (MODEL, node id)."""
+    apply_nodes = pack("nodes.apply_nodes")
+    node = {"teacache": apply_nodes.ApplyTeaCache, "magcache": apply_nodes.ApplyMagCache}[method]
+    node_id = f"test-{next(_node_ids)}"
+    defaults = {
+        "teacache": dict(threshold=0.4, start_percent=0.0, end_percent=1.0, max_consecutive_skips=3,
+                         cache_device="main_device"),
+        "magcache": dict(threshold=0.06, max_consecutive_skips=2, retention_ratio=0.2, cache_device="main_device"),
+    }[method]
+    clone = node.PREPARE_CLASS_CLONE({"UNIQUE_ID": node_id})
+    return clone.execute(model, **{**defaults, **inputs}).result[0], node_id
+
+
+def install(model: Any, method: str, **settings: Any) -> tuple[Any, str]:
+    """Install with explicit CacheSettings (tests that need knobs the nodes do not expose)."""
+    runtime = pack("nodes.runtime")
+    family = pack("families").family_for(model.model)
+    node_id = f"test-{next(_node_ids)}"
+    cache_settings = runtime.CacheSettings(method=method, family=family.name, node_id=node_id, **settings)
+    return runtime.install(model, cache_settings, family), node_id
+
+
+def stats(node_id: str) -> dict:
+    """The statistics of the node's most recent run."""
+    return pack("nodes.reporting").LAST_RUN_STATS[node_id]
+
+
+def patterns(node_id: str) -> dict[str, str]:
+    return {b["branch"]: b["pattern"] for b in stats(node_id)["branches"]}
+
+
+def uniform_sigmas(model: Any, steps: int) -> torch.Tensor:
+    """A schedule whose steps sit exactly at progress i/steps (as published tables assume)."""
+    sampling = model.get_model_object("model_sampling")
+    return torch.tensor([float(sampling.percent_to_sigma(i / steps)) for i in range(steps)] + [0.0])

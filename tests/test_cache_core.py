@@ -1,0 +1,148 @@
+"""cache_core on its own: schedule lookup, ratio curves, retention, the residual arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def core(host):
+    return host.pack_module("cache_core")
+
+
+@pytest.fixture(scope="module")
+def flux_sampling(host):
+    tiny = host.test_module("tiny_models")
+    return tiny.build_model("flux").get_model_object("model_sampling")
+
+
+def test_step_of_uses_the_schedule_not_call_counts(core):
+    schedule = core.RunSchedule.from_sigmas([1.0, 0.8, 0.5, 0.2, 0.0])
+    assert [schedule.step_of(s) for s in (1.0, 0.8, 0.5, 0.2)] == [0, 1, 2, 3]
+    # Second-order samplers evaluate between schedule sigmas: that is part of the current step.
+    assert [schedule.step_of(s) for s in (0.9, 0.6, 0.3, 0.1, 0.0001)] == [0, 1, 2, 3, 3]
+    assert schedule.step_of(0.0) == 3 and schedule.step_of(5.0) == 0
+    # float32 round trips of a schedule sigma stay on that step.
+    assert schedule.step_of(float(torch.tensor(0.8, dtype=torch.float32))) == 1
+
+
+def test_progress_inverts_percent_to_sigma(core, flux_sampling):
+    schedule_module = core.schedule
+    for percent in (0.0, 0.1, 0.37, 0.5, 0.93):
+        sigma = float(flux_sampling.percent_to_sigma(percent))
+        assert schedule_module.progress_of_sigma(sigma, flux_sampling.percent_to_sigma) == pytest.approx(percent, abs=1e-9)
+    assert schedule_module.progress_of_sigma(0.0, flux_sampling.percent_to_sigma) == 1.0
+
+
+def test_ratio_table_at_its_own_step_count_is_the_table(core):
+    table = [1.0, 1.2, 1.1, 1.05, 1.0, 0.98, 0.95, 0.9]
+    ratios = core.MagRatios.from_table(table, calibrated_steps=8, interleaved=False)
+    schedule = core.RunSchedule.from_sigmas([1 - i / 8 for i in range(9)])
+    assert ratios.per_step(schedule, 0) == pytest.approx(table, rel=1e-12)
+
+
+def test_fewer_steps_get_the_product_of_the_ratios_they_span(core):
+    table = [1.0, 1.2, 1.1, 1.05, 1.0, 0.98, 0.95, 0.9]
+    ratios = core.MagRatios.from_table(table, calibrated_steps=8, interleaved=False)
+    half = core.RunSchedule.from_sigmas([1 - i / 4 for i in range(5)])
+    expected = [1.0, table[1] * table[2], table[3] * table[4], table[5] * table[6]]
+    assert ratios.per_step(half, 0) == pytest.approx(expected, rel=1e-12)
+    # A partial schedule (denoise 0.5) reads the part of the curve at its noise levels.
+    tail = core.RunSchedule(sigmas=(0.5, 0.375, 0.25, 0.125, 0.0), progress=(0.5, 0.625, 0.75, 0.875, 1.0))
+    assert ratios.per_step(tail, 0) == pytest.approx([1.0, table[5], table[6], table[7]], rel=1e-9)
+
+
+def test_interleaved_tables_split_into_cond_and_uncond(core):
+    table = [1.0, 1.0, 1.3, 1.2, 0.9, 0.8]
+    ratios = core.MagRatios.from_table(table, calibrated_steps=3, interleaved=True)
+    schedule = core.RunSchedule.from_sigmas([1.0, 2 / 3, 1 / 3, 0.0])
+    assert ratios.per_step(schedule, 0) == pytest.approx([1.0, 1.3, 0.9])
+    assert ratios.per_step(schedule, 1) == pytest.approx([1.0, 1.2, 0.8])
+
+
+@pytest.mark.parametrize("bad", [[1.0, 1.1], [1.0, -1.0, 1.0], [1.0, float("nan"), 1.0], [1.0, 0.0, 1.0]])
+def test_malformed_ratio_tables_are_refused(core, bad):
+    with pytest.raises(ValueError):
+        core.MagRatios.from_table(bad, calibrated_steps=3, interleaved=False)
+
+
+def test_magcache_retention_matches_the_reference_rounding(core):
+    ratios = core.MagRatios.from_table([1.0] * 10, calibrated_steps=10, interleaved=False)
+    for steps in range(10, 61):
+        schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
+        for retention in (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.5):
+            policy = core.MagCachePolicy(schedule, ratios, 0.1, 2, retention)
+            # diffusers / MagCache: retention_step = int(retention_ratio * num_inference_steps + 0.5)
+            assert sum(policy.retained) == int(retention * steps + 0.5), (steps, retention)
+
+
+def test_teacache_zero_threshold_never_skips(core):
+    schedule = core.RunSchedule.from_sigmas([1 - i / 20 for i in range(21)])
+    # A polynomial that is negative near 0 would "skip" at threshold 0 if 0 were not special.
+    policy = core.TeaCachePolicy(schedule, 0.0, (0.0, 0.0, 0.0, 1.0, -0.5), max_consecutive_skips=5)
+    assert not policy.can_skip
+    cache = core.RunCache(schedule, policy)
+    assert not cache.enabled
+
+
+def make_cache(core, steps=12, **policy_kwargs):
+    schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
+    ratios = core.MagRatios.from_table([1.0] * steps, calibrated_steps=steps, interleaved=False)
+    policy = core.MagCachePolicy(schedule, ratios, threshold=1.0, max_consecutive_skips=100, retention_ratio=0.0)
+    return schedule, core.RunCache(schedule, policy, **policy_kwargs)
+
+
+def test_a_skipped_call_returns_input_plus_the_last_residual(core):
+    schedule, cache = make_cache(core)
+    keys, branches = ("cond-uuid", "uncond-uuid"), (0, 1)
+    x0 = torch.randn(2, 5, 3)
+    sigma0 = torch.tensor([schedule.sigmas[0]] * 2)
+    call = cache.begin(sigma0, keys, branches, x0)
+    assert not call.skip and call.stack_input is not x0 and torch.equal(call.stack_input, x0)
+    out0 = x0 * 2 + 1
+    cache.finish(call, out0)
+
+    x1 = torch.randn(2, 5, 3)
+    x1_before = x1.clone()
+    call = cache.begin(torch.tensor([schedule.sigmas[1]] * 2), keys, branches, x1)
+    assert call.skip
+    assert torch.equal(call.cached_output, x1_before + (out0 - x0))
+    assert torch.equal(x1, x1_before)  # the call's own input is never written to
+
+    # Another layout (e.g. cond alone, or another resolution) has no residual yet: it computes.
+    call = cache.begin(torch.tensor([schedule.sigmas[2]] * 2), keys, branches, torch.randn(2, 7, 3))
+    assert not call.skip
+    stats = cache.close()
+    assert stats.calls_skipped == 1 and stats.calls_computed == 2
+    assert [b.pattern for b in stats.branches] == ["CSC", "CSC"]
+    assert not cache._stores and not cache._entries
+
+
+def test_offloaded_residuals_come_back_to_the_input_device(core):
+    schedule, cache = make_cache(core, cache_device=torch.device("cpu"))
+    x0 = torch.randn(1, 4, 2)
+    call = cache.begin(torch.tensor([schedule.sigmas[0]]), ("k",), (0,), x0)
+    cache.finish(call, x0 + 3)
+    call = cache.begin(torch.tensor([schedule.sigmas[1]]), ("k",), (0,), x0)
+    assert call.skip and torch.equal(call.cached_output, x0 + 3)
+
+
+def test_a_batch_computes_when_any_entry_must(core):
+    steps = 12
+    schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
+    ratios = core.MagRatios.from_table([1.0, 1.0] + [1.0, 1.5] * (steps - 1), calibrated_steps=steps, interleaved=True)
+    policy = core.MagCachePolicy(schedule, ratios, threshold=0.3, max_consecutive_skips=100, retention_ratio=0.0)
+    cache = core.RunCache(schedule, policy)
+    x = torch.randn(2, 3, 4)
+    for step in range(4):
+        call = cache.begin(torch.tensor([schedule.sigmas[step]] * 2), ("c", "u"), (0, 1), x)
+        if not call.skip:
+            cache.finish(call, x + 1)
+    stats = cache.close()
+    cond, uncond = stats.branches
+    # The uncond ratios (1.5 per step) exceed the threshold at once, so every call computes.
+    assert cond.pattern == uncond.pattern == "CCCC"
+    assert math.isclose(stats.stack_speedup, 1.0)
