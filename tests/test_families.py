@@ -137,6 +137,7 @@ def test_a_forced_skip_applies_exactly_input_plus_last_residual(baselines, famil
 def test_output_space_fallback_skips_the_whole_model(baselines, family):
     """Families without block hooks: a skipped call returns model input + cached output residual."""
     import comfy.patcher_extension
+
     from harness.sampling import Job, apply, patterns
 
     model, _ = baselines[family]

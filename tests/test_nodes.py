@@ -92,6 +92,7 @@ def test_few_step_runs_sample_uncached_and_say_why(flux):
 
 def test_context_windows_turn_skipping_off(host):
     from comfy_extras.nodes_context_windows import ContextWindowsManualNode
+
     from harness.sampling import Job
 
     wan = host.test_module("tiny_models").build_model("wan21", seed=0)
@@ -104,6 +105,7 @@ def test_context_windows_turn_skipping_off(host):
 
 def test_torch_compile_turns_skipping_off_with_a_clear_reason(flux):
     from comfy_api.torch_helpers import set_torch_compile_wrapper
+
     from harness.sampling import Job, apply, stats
 
     patched, node_id = apply(flux, "teacache", threshold=1.0)
@@ -138,6 +140,7 @@ def test_reapplying_replaces_the_cache_and_keeps_another_packs_block_patch(flux)
 
 def test_controlnet_turns_skipping_off_so_its_additions_are_not_counted_twice(host, flux):
     import nodes
+
     from harness.sampling import Job, apply, stats
 
     tiny = host.test_module("tiny_models")
