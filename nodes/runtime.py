@@ -100,6 +100,9 @@ class ActiveRun:
             self._finish(call, out)
         return out
 
+    # The cache's own tensor work never needs autograd (and out= ops refuse it): samplers such as
+    # uni_pc run without no_grad when ComfyUI is used as a library.
+    @torch.no_grad()
     def _begin(self, args: dict, stack_input: torch.Tensor, signal_input: torch.Tensor | None = None) -> StackCall:
         try:
             options = args["transformer_options"]
@@ -118,6 +121,7 @@ class ActiveRun:
             self._give_up(error)
             return PASSTHROUGH
 
+    @torch.no_grad()
     def _finish(self, call: StackCall, stack_output: torch.Tensor) -> None:
         try:
             self.cache.finish(call, stack_output)

@@ -25,9 +25,13 @@ FAMILIES = ["flux", "wan21", "lumina2"]
 VIDEO_FAMILIES = {"wan21", "hunyuan_video"}
 # Families without published MagCache ratios get FLUX.1-dev's table (only the mechanics matter).
 BORROWS_RATIOS = {"lumina2"}
-# Huge threshold, no limit on consecutive skips, short retention: after the first step(s) the run
-# skips nearly everything, which makes any stale or misplaced residual visible.
-FORCED_SKIP = dict(threshold=5.0, max_consecutive_skips=100, retention_ratio=0.1)
+# Families ComfyUI gives no block hooks: cached in output space (a DIFFUSION_MODEL wrapper).
+OUTPUT_SPACE = {"lumina2"}
+# Huge threshold, no limit on consecutive skips, no retention: every step wants to skip, so a run
+# computes only where it has no residual of its own yet (its first step) and then skips nearly
+# everything. A residual left over from an earlier run would be used at once (step 0), and any
+# misplaced residual shows in the output.
+FORCED_SKIP = dict(threshold=5.0, max_consecutive_skips=100, retention_ratio=0.0)
 STEPS = 12
 
 
@@ -51,16 +55,6 @@ def h(host: Any) -> SimpleNamespace:
         flux_dev=sampling.pack("families.published_magcache").FLUX_DEV,
         interrupt=comfy.model_management.InterruptProcessingException,
     )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny matmuls on this 2-core machine run 20-300x slower with two OpenMP threads whenever
-    another process is busy (spinning threads fight for the cores); one thread keeps the file fast."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -131,6 +125,8 @@ class ModelCall:
     run: Any
     step: int
     skipped: bool
+    sigma: float  # the sigma of the call
+    schedule: tuple[float, ...]  # the run's sigmas as ComfyUI hands them to the model (sample_sigmas)
 
 
 @dataclass
@@ -157,19 +153,13 @@ class Spy:
             run=run,
             step=run.cache.current_step if run is not None else -1,
             skipped=run is not None and run.cache.calls_skipped > skipped_before,
+            sigma=float(options["sigmas"].reshape(-1)[0]),
+            schedule=tuple(float(s) for s in options["sample_sigmas"].reshape(-1)),
         )
         self.calls.append(call)
         if self.after is not None:
             self.after(call, output, options)
         return output
-
-    def runs(self) -> list[Any]:
-        """The distinct ActiveRuns seen, in order."""
-        seen: list[Any] = []
-        for call in self.calls:
-            if call.run is not None and not any(call.run is r for r in seen):
-                seen.append(call.run)
-        return seen
 
 
 def spy_on(model: Any, spy: Spy) -> Spy:
@@ -252,15 +242,12 @@ FAIL_AT_STEP = 5
 
 
 class Tripwire:
-    """Raises ``error`` once a run reaches FAIL_AT_STEP (while ``armed``), mid-call."""
+    """Raises ``error`` once a run reaches FAIL_AT_STEP (while ``armed``); remembers the runs seen."""
 
     def __init__(self, error: type[Exception]) -> None:
         self.error = error
         self.armed = True
         self.runs: list[Any] = []
-
-    def __deepcopy__(self, memo: dict) -> Tripwire:
-        return self
 
     def check(self, run: Any) -> None:
         if run is None:
@@ -272,8 +259,9 @@ class Tripwire:
 
 
 def install_tripwire(h: SimpleNamespace, patched: Any, tripwire: Tripwire) -> None:
-    """Block families: a hook of ours on the head block, around the pack's, raising after the head
-    has begun the call (the rest of the stack never runs). Output-space families: the model call."""
+    """Block families: a hook of ours on the head block, around the pack's (which it calls, so the
+    chain stays), raising once the head has begun the call: the rest of the stack never runs.
+    Output-space families (no block hooks): a model_function_wrapper, raising after the call."""
     dit = patched.model_options["transformer_options"].get("patches_replace", {}).get("dit", {})
     head_hooks = [(key, hook) for key, hook in dit.items() if isinstance(hook, h.runtime.BlockHook) and hook.is_head]
     if not head_hooks:
@@ -348,6 +336,11 @@ def test_step_index_comes_from_the_schedule(h, log, family, sampler):
     steps = [call.step for call in spy.calls]
     assert steps == sorted(steps)  # ... mapped to steps that never go back
     assert set(steps) == set(range(STEPS))  # and cover every step of the run
+    for call in spy.calls:
+        # The step whose interval of the run's own schedule holds the call's sigma (a call at a
+        # schedule sigma starts that step), not a count of calls.
+        high, low = call.schedule[call.step], call.schedule[call.step + 1]
+        assert high * (1 + 1e-5) >= call.sigma > low * (1 + 1e-5), (call.step, call.sigma, call.schedule)
     assert_no_cache_warnings(log)
 
 
@@ -365,7 +358,7 @@ def test_uni_pc_caches_with_autograd_on(h, log):
 # 5. CFG branches: cfg 1, batched cond + uncond, separate calls -----------------------------------
 
 
-def unbatchable_negative(h: SimpleNamespace, family: str, negative: list) -> list:
+def unbatchable_negative(family: str, negative: list) -> list:
     """The same model input, in a form ComfyUI cannot batch with the positive.
 
     flux / hunyuan_video: the model reads y[:, :vec_in_dim], so a pooled vector 8 columns wider
@@ -405,7 +398,7 @@ def test_cond_and_uncond_batched_or_separate_decide_alike(h, log, family):
     separate_model, separate_node = fresh_forced(h, family)
     separate_spy = spy_on(separate_model, Spy())
     _, negative = job.conds()
-    separate = sample(h, job, separate_model, unbatchable_negative(h, family, negative))
+    separate = sample(h, job, separate_model, unbatchable_negative(family, negative))
     assert sorted(call.branches for call in separate_spy.calls) == sorted(
         [(0,), (1,)] * len(batched_spy.calls)
     ), "cond and uncond were not evaluated in separate calls"
@@ -463,7 +456,7 @@ def test_each_branch_keeps_its_own_residual(h, log, family):
     batch = 2
     job = h.Job(family, steps=STEPS, batch=batch)
     patched, node = fresh_forced(h, family)
-    block_family = family not in BORROWS_RATIOS
+    block_family = family not in OUTPUT_SPACE
     checked: list[int] = []
 
     def check_rows(call: ModelCall, output: torch.Tensor, options: dict) -> None:

@@ -78,6 +78,10 @@ def boot() -> Host:
     import nodes
     # isort: on
 
+    # Tiny models run faster on one thread, and tests then do not fight other processes for cores.
+    import torch
+
+    torch.set_num_threads(1)
     logging.getLogger().setLevel(logging.INFO)
     asyncio.run(nodes.init_extra_nodes(init_custom_nodes=True, init_api_nodes=False))
 
