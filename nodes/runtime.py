@@ -19,7 +19,9 @@ How it plugs in (ComfyUI's public patch points only, nothing of ComfyUI's code c
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import comfy.model_management
@@ -81,7 +83,10 @@ class ActiveRun:
 
     def run_block(self, hook: BlockHook, args: dict, extra: dict) -> dict:
         if hook.is_head:
-            self.call = self._begin(args, args["img"]) if self.cache.enabled else PASSTHROUGH
+            self.call = PASSTHROUGH
+            if self.cache.enabled:
+                signal = partial(self.family.teacache_signal, self.diffusion_model, args) if self.use_signal else None
+                self.call = self._begin(args["transformer_options"], args["img"], signal)
         call = self.call
         if call.skip:
             return self._skipped_output(hook, args, call.cached_output) if hook.is_tail else passthrough(args)
@@ -91,8 +96,11 @@ class ActiveRun:
         return out
 
     def run_model(self, executor: Any, x: torch.Tensor, options: dict, args: tuple, kwargs: dict) -> torch.Tensor:
-        """Output-space caching of the whole diffusion model (families without block hooks)."""
-        call = self._begin({"transformer_options": options}, x, signal_input=x) if self.cache.enabled else PASSTHROUGH
+        """Output-space caching of the whole diffusion model (families without block hooks).
+        The TeaCache signal is the model input itself."""
+        call = PASSTHROUGH
+        if self.cache.enabled:
+            call = self._begin(options, x, partial(torch.Tensor.detach, x) if self.use_signal else None)
         if call.skip:
             return call.cached_output
         out = executor(*args, **kwargs)
@@ -103,19 +111,11 @@ class ActiveRun:
     # The cache's own tensor work never needs autograd (and out= ops refuse it): samplers such as
     # uni_pc run without no_grad when ComfyUI is used as a library.
     @torch.no_grad()
-    def _begin(self, args: dict, stack_input: torch.Tensor, signal_input: torch.Tensor | None = None) -> StackCall:
+    def _begin(self, options: dict, stack_input: torch.Tensor,
+               signal: Callable[[], torch.Tensor] | None) -> StackCall:
         try:
-            options = args["transformer_options"]
             branches = options.get("cond_or_uncond") or (0,)
             keys = options.get("uuids") or branches
-            signal = None
-            if self.use_signal:
-                if signal_input is not None:
-                    def signal() -> torch.Tensor:
-                        return signal_input
-                else:
-                    def signal() -> torch.Tensor:
-                        return self.family.teacache_signal(self.diffusion_model, args)
             return self.cache.begin(options["sigmas"], keys, branches, stack_input, signal)
         except Exception as error:  # never break sampling over the cache
             self._give_up(error)

@@ -29,13 +29,14 @@ def comfyui_dir() -> pathlib.Path:
     return path
 
 
-def make_base_directory(prefix: str) -> pathlib.Path:
-    """A ComfyUI --base-directory whose custom_nodes/ holds this pack and the test nodes."""
+def make_base_directory(prefix: str, test_nodes: bool = True) -> pathlib.Path:
+    """A ComfyUI --base-directory whose custom_nodes/ holds this pack (and the test-only nodes)."""
     base = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
     custom_nodes = base / "custom_nodes"
     custom_nodes.mkdir()
     (custom_nodes / PACK_FOLDER_NAME).symlink_to(REPO_ROOT, target_is_directory=True)
-    (custom_nodes / TEST_NODES_FOLDER_NAME).symlink_to(TEST_NODES_DIR, target_is_directory=True)
+    if test_nodes:
+        (custom_nodes / TEST_NODES_FOLDER_NAME).symlink_to(TEST_NODES_DIR, target_is_directory=True)
     for sub in ("models/diffusion_models", "input", "output", "user", "temp"):
         (base / sub).mkdir(parents=True, exist_ok=True)
     return base

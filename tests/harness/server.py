@@ -27,8 +27,8 @@ def free_port() -> int:
 class ComfyServer:
     """Start with ``with ComfyServer() as server:``; the process group is gone after the block."""
 
-    def __init__(self, startup_timeout: float = 120.0) -> None:
-        self.base_directory = make_base_directory("stepcache-server-")
+    def __init__(self, startup_timeout: float = 120.0, test_nodes: bool = True) -> None:
+        self.base_directory = make_base_directory("stepcache-server-", test_nodes)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.base_directory / "server.log"
@@ -121,6 +121,11 @@ class ComfyServer:
 
     def run(self, graph: dict, timeout: float = 120.0) -> dict:
         return self.wait(self.queue(graph), timeout)
+
+    def execution_seconds(self, entry: dict) -> float:
+        """Wall time of a finished prompt, from the server's own start/success timestamps."""
+        stamps = {name: data.get("timestamp") for name, data in entry["status"]["messages"]}
+        return (stamps["execution_success"] - stamps["execution_start"]) / 1000.0
 
     def output_files(self) -> list[pathlib.Path]:
         return sorted(p for p in (self.base_directory / "output").rglob("*") if p.is_file())
