@@ -9,6 +9,7 @@ which the caller reduces to one float per entry.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,8 +32,10 @@ class EntryState:
     outcomes: list[str] = field(default_factory=list)
     # TeaCache: rescaled relative change accumulated since the last computed step.
     accumulated: float = 0.0
-    # MagCache: product of magnitude ratios, and accumulated error, since the last computed step.
+    # MagCache: product of magnitude ratios, angle turned and accumulated error since the last
+    # computed step.
     ratio: float = 1.0
+    angle: float = 0.0
     error: float = 0.0
 
 
@@ -70,6 +73,7 @@ class CachePolicy(ABC):
             entry.steps_computed += 1
             entry.accumulated = 0.0
             entry.ratio = 1.0
+            entry.angle = 0.0
             entry.error = 0.0
 
 
@@ -140,6 +144,12 @@ class MagCachePolicy(CachePolicy):
     threshold and at most K steps in a row are skipped. The first ``retention_ratio`` of the
     denoising always computes: a step is retained when its midpoint lies there, which for a full
     evenly spaced run is the first round(retention_ratio * steps) steps, as in the paper's code.
+
+    With ratios calibrated by this pack, the residual's measured turn per step is used too: after
+    turning through an angle a, the cached residual is off by the relative distance
+    sqrt((1 - ratio)^2 + 2 ratio (1 - cos a)), which is |1 - ratio| when the direction holds (as
+    published tables assume), and that is what the error accumulates. Magnitude alone misses how
+    much a residual's direction moves; on the project's reference model it was the larger part.
     """
 
     name = "MagCache"
@@ -156,6 +166,10 @@ class MagCachePolicy(CachePolicy):
         self.threshold = threshold
         self.max_consecutive_skips = max_consecutive_skips
         self.gammas = tuple(ratios.per_step(schedule, branch) for branch in range(ratios.branch_count))
+        self.angles = (
+            tuple(ratios.angles_per_step(schedule, branch) for branch in range(ratios.branch_count))
+            if ratios.has_angles else None
+        )
         self.retained = tuple(
             schedule.step_midpoint(step) <= retention_ratio + 1e-9 for step in range(schedule.steps)
         )
@@ -164,25 +178,35 @@ class MagCachePolicy(CachePolicy):
     def can_skip(self) -> bool:
         return self.threshold > 0.0 and self.max_consecutive_skips > 0 and not all(self.retained)
 
-    def gamma(self, branch: int, step: int) -> float:
-        return self.gammas[min(branch, len(self.gammas) - 1)][step]
-
     def wants_skip(self, entry: EntryState, step: int, signal: float | None) -> bool:
         if self.retained[step]:
             return False
-        entry.ratio *= self.gamma(entry.branch, step)
-        entry.error += abs(1.0 - entry.ratio)
+        branch = min(entry.branch, len(self.gammas) - 1)
+        entry.ratio *= self.gammas[branch][step]
+        if self.angles is None:
+            entry.error += abs(1.0 - entry.ratio)
+        else:
+            entry.angle += self.angles[branch][step]
+            ratio = entry.ratio
+            entry.error += math.sqrt((1.0 - ratio) ** 2 + 2.0 * ratio * (1.0 - math.cos(entry.angle)))
         return entry.error <= self.threshold and entry.consecutive_skips < self.max_consecutive_skips
 
 
 class NeverSkipPolicy(CachePolicy):
-    """Computes every step while the run still records residuals (calibration runs)."""
+    """Computes every step (calibration runs), measuring the TeaCache signal when asked."""
 
     name = "measure"
+
+    def __init__(self, schedule: RunSchedule, measure_signal: bool = False) -> None:
+        super().__init__(schedule)
+        self.measure_signal = measure_signal
 
     @property
     def can_skip(self) -> bool:
         return False
+
+    def needs_signal(self, step: int) -> bool:
+        return self.measure_signal
 
     def wants_skip(self, entry: EntryState, step: int, signal: float | None) -> bool:
         return False

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -94,6 +95,16 @@ class StackCall:
 PASSTHROUGH = StackCall(skip=False)
 
 
+class RunObserver(Protocol):
+    """Sees what a measuring run computes (calibration recorders implement it)."""
+
+    def start(self, schedule: RunSchedule) -> None: ...
+
+    def signal_changes(self, step: int, branches: tuple[int, ...], changes: list[float]) -> None: ...
+
+    def residual(self, step: int, branches: tuple[int, ...], residual: torch.Tensor) -> None: ...
+
+
 class RunCache:
     """Decisions and residuals of one sampling run. Call ``close`` when the run ends."""
 
@@ -115,8 +126,7 @@ class RunCache:
             None if (policy.can_skip or measure) else "these settings never skip (threshold 0)"
         )
         self.trace: list[dict] | None = [] if record_trace else None
-        # Called with (step, branches, residual) for each computed call (calibration measures it).
-        self.on_residual: Callable[[int, tuple[int, ...], torch.Tensor], None] | None = None
+        self.observer: RunObserver | None = None
         self._entries: dict[Hashable, EntryState] = {}
         self._stores: dict[tuple, ResidualStore] = {}
         self._sigma_tensor: torch.Tensor | None = None
@@ -174,6 +184,8 @@ class RunCache:
             changes = None
             if signal is not None and policy.needs_signal(step):
                 changes = store.relative_changes(signal(), len(entries))
+                if changes is not None and self.observer is not None:
+                    self.observer.signal_changes(step, tuple(branches), changes)
             for index, entry in enumerate(entries):
                 if entry.decided_step != step:
                     change = changes[index] if changes is not None else None
@@ -206,8 +218,8 @@ class RunCache:
             call.store.residual = None  # this layout cannot be cached; it keeps computing
             return
         residual = torch.sub(stack_output, stack_input, out=stack_input)  # reuses the copy's memory
-        if self.on_residual is not None:
-            self.on_residual(self.current_step, call.branches, residual)
+        if self.observer is not None:
+            self.observer.residual(self.current_step, call.branches, residual)
         call.store.keep(residual)
 
     def stats(self) -> RunStats:

@@ -8,12 +8,12 @@ from comfy_api.latest import io
 
 from .. import families
 from ..cache_core import MagRatios
+from ..cache_core.calibration import Calibration
+from . import calibration_store
 from .runtime import CacheSettings, install
+from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
 
 LOGGER = logging.getLogger("stepcache")
-CATEGORY = "sampling/step cache"
-
-MagRatiosType = io.Custom("MAG_RATIOS")
 
 CACHE_DEVICE_TOOLTIP = (
     "Where cached residuals live between steps. main_device: beside the model (fastest). "
@@ -48,6 +48,27 @@ def check_variant(family: families.Family, variant: str, node: str) -> None:
         )
 
 
+def calibration_for(method: str, node: str, model: object, family: families.Family,
+                    given: object | None) -> Calibration | None:
+    """The calibration to use: the one connected (checked against this model), else a saved one."""
+    if given is not None and not isinstance(given, Calibration):
+        return None  # a plain table or polynomial, not tied to a model
+    identity = calibration_store.model_identity(model, family, "auto")
+    if given is not None:
+        if given.method != method:
+            raise ValueError(f"{node}: that is a {given.method} calibration; connect a {method} one")
+        mismatch = given.model.mismatch(identity)
+        if mismatch:
+            raise ValueError(f"{node}: this calibration cannot be used here: {mismatch}. "
+                             f"Calibrate this model ({'MagCacheCalibrate' if method == 'magcache' else 'TeaCacheCalibrate'}).")
+        return given
+    saved = calibration_store.find(method, identity)
+    if saved is not None:
+        LOGGER.info("[StepCache] %s: using this model's saved calibration of %s (%d steps)",
+                    node, saved.created, saved.schedule.steps)
+    return saved
+
+
 class ApplyTeaCache(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -78,6 +99,10 @@ class ApplyTeaCache(io.ComfyNode):
                                default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
                 io.Combo.Input("variant", options=variant_options("teacache"), default="auto",
                                tooltip=VARIANT_TOOLTIP, optional=True),
+                TeaCacheCoefficientsType.Input(
+                    "coefficients", optional=True,
+                    tooltip="A polynomial from TeaCacheCalibrate (or typed in); overrides the published one. "
+                    "Without it, a calibration saved for this model is used when there is one."),
             ],
             outputs=[io.Model.Output()],
             hidden=[io.Hidden.unique_id],
@@ -91,15 +116,23 @@ class ApplyTeaCache(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: object, threshold: float, start_percent: float, end_percent: float,
-                max_consecutive_skips: int, cache_device: str, variant: str = "auto") -> io.NodeOutput:
+                max_consecutive_skips: int, cache_device: str, variant: str = "auto",
+                coefficients: Calibration | tuple[float, ...] | None = None) -> io.NodeOutput:
         family = resolve_family(model, "ApplyTeaCache")
         if family is None:
             return io.NodeOutput(model)
         check_variant(family, variant, "ApplyTeaCache")
+        calibration = calibration_for("teacache", "ApplyTeaCache", model, family, coefficients)
+        if calibration is not None:
+            coefficients = calibration.coefficients
+        elif coefficients is not None and not isinstance(coefficients, tuple):
+            raise ValueError("ApplyTeaCache: coefficients must come from TeaCacheCalibrate or "
+                             f"TeaCacheCoefficientsFromText, got {type(coefficients).__name__}")
         settings = CacheSettings(
             method="teacache", family=family.name, variant=variant, threshold=threshold,
             max_consecutive_skips=max_consecutive_skips, start_percent=start_percent,
-            end_percent=end_percent, cache_device=cache_device, node_id=cls.hidden.unique_id,
+            end_percent=end_percent, coefficients=coefficients, cache_device=cache_device,
+            node_id=cls.hidden.unique_id,
         )
         return io.NodeOutput(install(model, settings, family))
 
@@ -129,8 +162,10 @@ class ApplyMagCache(io.ComfyNode):
                                default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
                 io.Combo.Input("variant", options=variant_options("magcache"), default="auto",
                                tooltip=VARIANT_TOOLTIP, optional=True),
-                MagRatiosType.Input("ratios", optional=True,
-                                    tooltip="Magnitude ratios measured by MagCacheCalibrate; overrides the published ones."),
+                MagRatiosType.Input(
+                    "ratios", optional=True,
+                    tooltip="Magnitude ratios from MagCacheCalibrate (or typed in); override the published ones. "
+                    "Without them, a calibration saved for this model is used when there is one."),
             ],
             outputs=[io.Model.Output()],
             hidden=[io.Hidden.unique_id],
@@ -138,13 +173,18 @@ class ApplyMagCache(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: object, threshold: float, max_consecutive_skips: int, retention_ratio: float,
-                cache_device: str, variant: str = "auto", ratios: MagRatios | None = None) -> io.NodeOutput:
+                cache_device: str, variant: str = "auto",
+                ratios: Calibration | MagRatios | None = None) -> io.NodeOutput:
         family = resolve_family(model, "ApplyMagCache")
         if family is None:
             return io.NodeOutput(model)
         check_variant(family, variant, "ApplyMagCache")
-        if ratios is not None and not isinstance(ratios, MagRatios):
-            raise ValueError(f"ApplyMagCache: ratios must come from MagCacheCalibrate, got {type(ratios).__name__}")
+        calibration = calibration_for("magcache", "ApplyMagCache", model, family, ratios)
+        if calibration is not None:
+            ratios = calibration.mag_ratios()
+        elif ratios is not None and not isinstance(ratios, MagRatios):
+            raise ValueError("ApplyMagCache: ratios must come from MagCacheCalibrate or MagCacheRatiosFromText, "
+                             f"got {type(ratios).__name__}")
         if ratios is None and not any(v.magcache is not None for v in family.variants):
             raise ValueError(
                 f"ApplyMagCache: no MagCache ratios are published for {family.name} models. Measure them "

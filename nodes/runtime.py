@@ -31,7 +31,7 @@ from comfy.patcher_extension import WrappersMP
 from .. import families
 from ..cache_core import MagCachePolicy, MagRatios, RunCache, RunSchedule, StackCall, TeaCachePolicy
 from ..cache_core.policies import CachePolicy, NeverSkipPolicy
-from ..cache_core.run_cache import PASSTHROUGH
+from ..cache_core.run_cache import PASSTHROUGH, RunObserver
 from ..cache_core.stats import RunStats
 from .reporting import report
 
@@ -64,6 +64,12 @@ class CacheSettings:
     cache_device: str = "main_device"
     node_id: str | None = None
     record_trace: bool = False
+    calibration_key: str | None = None  # measuring runs: the recorder in OBSERVERS
+
+
+# Measuring runs (calibration): recorder per calibration key, registered by the calibrate node for
+# the duration of its own sampling call.
+OBSERVERS: dict[str, RunObserver] = {}
 
 
 class ActiveRun:
@@ -249,7 +255,11 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
     reason = reason_not_to_skip(settings, guider, schedule)
     if reason is not None:
         cache.disable(reason)
-    use_signal = isinstance(policy, TeaCachePolicy) and cache.enabled
+    observer = OBSERVERS.get(settings.calibration_key) if settings.calibration_key else None
+    if observer is not None:
+        observer.start(schedule)
+        cache.observer = observer
+    use_signal = (isinstance(policy, TeaCachePolicy) or observer is not None) and cache.enabled
     return ActiveRun(cache, family, variant_name, model.diffusion_model, use_signal)
 
 
@@ -272,7 +282,7 @@ def make_policy(settings: CacheSettings, schedule: RunSchedule, variant: familie
             return NeverSkipPolicy(schedule)
         return MagCachePolicy(schedule, ratios, settings.threshold, settings.max_consecutive_skips,
                               settings.retention_ratio)
-    return NeverSkipPolicy(schedule)
+    return NeverSkipPolicy(schedule, measure_signal=settings.calibration_key is not None)
 
 
 def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedule) -> str | None:

@@ -146,3 +146,32 @@ def test_a_batch_computes_when_any_entry_must(core):
     # The uncond ratios (1.5 per step) exceed the threshold at once, so every call computes.
     assert cond.pattern == uncond.pattern == "CCCC"
     assert math.isclose(stats.stack_speedup, 1.0)
+
+
+def test_measured_turning_adds_to_the_magcache_error(core):
+    """With measured cosine distances the error is the cached residual's relative distance,
+    sqrt((1 - ratio)^2 + 2 ratio (1 - cos angle)); without them, the paper's |1 - ratio|."""
+    steps = 8
+    schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
+    positions = [i / steps for i in range(steps)]
+    ratios = [1.0] + [0.98] * (steps - 1)
+    distances = [0.0] + [0.002] * (steps - 1)
+    plain = core.MagRatios.from_measured([ratios], positions)
+    turning = core.MagRatios.from_measured([ratios], positions, cosine_distances=[distances])
+    assert not plain.has_angles and turning.has_angles
+    angle = math.acos(1 - 0.002)
+    assert turning.angles_per_step(schedule, 0) == pytest.approx([0.0] + [angle] * (steps - 1))
+    half = core.RunSchedule.from_sigmas([1 - i / 4 for i in range(5)])
+    assert turning.angles_per_step(half, 0) == pytest.approx([0.0] + [2 * angle] * 3)
+
+    entry_plain, entry_turning = core.policies.EntryState(branch=0), core.policies.EntryState(branch=0)
+    policy_plain = core.MagCachePolicy(schedule, plain, 10.0, 100, 0.0)
+    policy_turning = core.MagCachePolicy(schedule, turning, 10.0, 100, 0.0)
+    for step in (1, 2):
+        policy_plain.wants_skip(entry_plain, step, None)
+        policy_turning.wants_skip(entry_turning, step, None)
+    assert entry_plain.error == pytest.approx(abs(1 - 0.98) + abs(1 - 0.98**2))
+    expected = sum(math.sqrt((1 - r) ** 2 + 2 * r * (1 - math.cos(a)))
+                   for r, a in ((0.98, angle), (0.98**2, 2 * angle)))
+    assert entry_turning.error == pytest.approx(expected)
+    assert entry_turning.error > entry_plain.error

@@ -33,6 +33,7 @@ def test_server_is_comfyui_0_3_75_with_the_pack(server):
     assert stats["system"]["comfyui_version"] == "0.3.75"
     info = server.get("/object_info")
     assert "StepCacheTestTinyModel" in info and "EasyCache" in info
+    assert {"ApplyTeaCache", "ApplyMagCache", "MagCacheCalibrate", "TeaCacheCalibrate"} <= info.keys()
 
 
 def test_api_prompt_runs_to_completion_and_writes_output(server):
@@ -95,3 +96,51 @@ def test_bad_widget_values_are_validation_errors_and_the_server_keeps_serving(se
     text = " ".join(e["details"] + e["message"] for e in errors)
     assert "threshold" in text and "start_percent" in text
     assert server.get("/system_stats")["system"]["comfyui_version"] == "0.3.75"
+
+
+def api_workflows() -> list:
+    import pathlib
+
+    return sorted((pathlib.Path(__file__).resolve().parents[1] / "example_workflows" / "api").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", api_workflows(), ids=lambda p: p.stem)
+def test_every_api_example_workflow_runs_with_the_cache(server, path):
+    import json
+
+    graph = json.loads(path.read_text())
+    prompt_id = server.queue(graph)
+    entry = server.wait(prompt_id, timeout=300)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    runs = server.get(f"/stepcache/stats?prompt_id={prompt_id}")
+    cached = [run for run in runs if run["method"] != "measure"]  # calibration runs never skip
+    assert cached and all(run["disabled_reason"] is None for run in runs)
+    assert all(run["calls_skipped"] > 0 for run in cached)
+
+
+def test_a_saved_calibration_is_found_again_by_a_new_server_process():
+    from harness.server import ComfyServer
+
+    graph = tiny_graph("flux", steps=12)
+    graph["model"]["inputs"]["seed"] = 21  # a model no other test calibrates
+    graph["sampler"] = {"class_type": "MagCacheCalibrate", "inputs": {
+        "model": ["model", 0], "positive": ["pos", 0], "negative": ["neg", 0], "latent_image": ["latent", 0],
+        "seed": 3, "steps": 12, "cfg": 3.0, "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0,
+        "save_calibration": True}}
+    with ComfyServer() as first:
+        entry = first.run(graph)
+        assert entry["status"]["status_str"] == "success", entry["status"]
+        report = entry["outputs"]["sampler"]["text"][0]
+        assert "saved to" in report
+        base = first.base_directory
+
+    applied = tiny_graph("flux", steps=12)
+    applied["model"]["inputs"]["seed"] = 21
+    applied["cache"] = {"class_type": "ApplyMagCache", "inputs": {
+        "model": ["model", 0], "threshold": 0.2, "max_consecutive_skips": 3, "retention_ratio": 0.1,
+        "cache_device": "main_device"}}
+    applied["sampler"]["inputs"]["model"] = ["cache", 0]
+    with ComfyServer(base_directory=base) as second:
+        entry = second.run(applied)
+        assert entry["status"]["status_str"] == "success", entry["status"]
+        assert "ApplyMagCache: using this model's saved calibration" in second.log()

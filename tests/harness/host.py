@@ -89,6 +89,6 @@ def boot() -> Host:
     custom_nodes = base / "custom_nodes"
     pack = sys.modules.get(str(custom_nodes / PACK_FOLDER_NAME).replace(".", "_x_"))
     test_nodes = sys.modules.get(str(custom_nodes / TEST_NODES_FOLDER_NAME).replace(".", "_x_"))
-    if pack is None or test_nodes is None:
+    if pack is None or test_nodes is None or "ApplyTeaCache" not in nodes.NODE_CLASS_MAPPINGS:
         raise RuntimeError("ComfyUI did not load the pack or the test nodes; see the log above")
     return Host(base_directory=base, pack=pack, test_nodes=test_nodes)

@@ -27,14 +27,18 @@ def free_port() -> int:
 class ComfyServer:
     """Start with ``with ComfyServer() as server:``; the process group is gone after the block."""
 
-    def __init__(self, startup_timeout: float = 120.0, test_nodes: bool = True) -> None:
-        self.base_directory = make_base_directory("stepcache-server-", test_nodes)
+    def __init__(self, startup_timeout: float = 120.0, test_nodes: bool = True, threads: int | None = 1,
+                 base_directory: pathlib.Path | None = None) -> None:
+        # An existing base directory is reused as is (e.g. a second server finding the first one's files).
+        self.base_directory = base_directory or make_base_directory("stepcache-server-", test_nodes)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.base_directory / "server.log"
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen | None = None
         self.client_id = uuid.uuid4().hex
+        # Tiny CPU models run fastest on one thread and then do not fight other processes for cores.
+        self.threads = threads
 
     def __enter__(self) -> ComfyServer:
         self.start()
@@ -53,7 +57,8 @@ class ComfyServer:
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self.process = subprocess.Popen(
             command, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                 **({"OMP_NUM_THREADS": str(self.threads)} if self.threads else {})},
         )
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:

@@ -1,0 +1,261 @@
+"""Calibration: a model's own MagCache ratios and TeaCache polynomial, measured in a real run.
+
+A calibration run computes every step (``RunCache(measure=True)``) while a ``ResidualRecorder``
+watches it. Per step and CFG branch it keeps:
+
+- the MagCache magnitude ratio, mean over tokens of ||r_t|| / ||r_{t-1}|| of the stack residual r,
+  with its spread (standard deviation over tokens) and the cosine distance between r_t and r_{t-1};
+- the relative L1 change of the residual, mean|r_t - r_{t-1}| / mean|r_{t-1}|, which is what reusing
+  the previous step's residual gets wrong, and the relative change of the TeaCache signal. The
+  TeaCache polynomial is fitted to predict the first from the second.
+
+Only the first evaluation of each step is measured (multi-call samplers evaluate between steps).
+A ``Calibration`` also names the model it was measured on and the schedule it was measured with,
+and round-trips through JSON, refusing anything malformed with a message that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from .ratios import MagRatios
+from .schedule import RunSchedule
+
+FORMAT_VERSION = 1
+METHODS = ("magcache", "teacache")
+
+
+class CalibrationError(ValueError):
+    """A calibration that cannot be used, with the reason in words."""
+
+
+@dataclass(frozen=True)
+class StepMeasure:
+    step: int
+    branch: int
+    magnitude_ratio: float
+    ratio_spread: float
+    cosine_distance: float
+    residual_change: float
+    signal_change: float | None = None
+
+
+class ResidualRecorder:
+    """A ``RunObserver`` collecting ``StepMeasure``s from one measuring run."""
+
+    def __init__(self, channels_last: bool = True) -> None:
+        # Block-stack residuals are [batch, tokens, channels]; output-space ones [batch, C, ...].
+        self.channels_last = channels_last
+        self.schedule: RunSchedule | None = None
+        self.measures: list[StepMeasure] = []
+        self._previous: dict[int, torch.Tensor] = {}
+        self._measured: set[tuple[int, int]] = set()
+        self._signal: dict[tuple[int, int], float] = {}
+
+    def start(self, schedule: RunSchedule) -> None:
+        self.schedule = schedule
+
+    def signal_changes(self, step: int, branches: tuple[int, ...], changes: list[float]) -> None:
+        for branch, change in zip(branches, changes, strict=True):
+            self._signal.setdefault((step, branch), change)
+
+    def residual(self, step: int, branches: tuple[int, ...], residual: torch.Tensor) -> None:
+        rows = residual.shape[0] // len(branches)
+        for index, branch in enumerate(branches):
+            if (step, branch) in self._measured:
+                continue
+            self._measured.add((step, branch))
+            current = self._tokens(residual[index * rows:(index + 1) * rows])
+            previous, self._previous[branch] = self._previous.get(branch), current
+            if previous is not None and previous.shape == current.shape:
+                self.measures.append(self._measure(step, branch, current, previous))
+
+    def _tokens(self, residual: torch.Tensor) -> torch.Tensor:
+        """[rows, tokens, channels], float32, a private copy."""
+        r = residual.detach().float()
+        if not self.channels_last:
+            r = r.movedim(1, -1)
+        return r.reshape(r.shape[0], -1, r.shape[-1]).clone()
+
+    def _measure(self, step: int, branch: int, current: torch.Tensor, previous: torch.Tensor) -> StepMeasure:
+        ratios = current.norm(dim=-1) / previous.norm(dim=-1).clamp_min(1e-12)
+        cosine = torch.nn.functional.cosine_similarity(current.reshape(1, -1), previous.reshape(1, -1)).item()
+        change = ((current - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)).item()
+        return StepMeasure(
+            step=step, branch=branch, magnitude_ratio=ratios.mean().item(), ratio_spread=ratios.std().item(),
+            cosine_distance=1.0 - cosine, residual_change=change, signal_change=self._signal.get((step, branch)),
+        )
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What a calibration is tied to."""
+
+    family: str
+    variant: str
+    model_class: str
+    hidden_size: int
+    fingerprint: str  # of the weights
+
+    def mismatch(self, other: ModelIdentity) -> str | None:
+        if self.family != other.family:
+            return f"it was measured on a {self.family} model, this is a {other.family} model"
+        if self.model_class != other.model_class or self.hidden_size != other.hidden_size:
+            return (f"it was measured on a {self.model_class} of width {self.hidden_size}, this model is a "
+                    f"{other.model_class} of width {other.hidden_size}")
+        if self.fingerprint != other.fingerprint:
+            return "it was measured on other weights (another checkpoint of the same architecture)"
+        return None
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """The schedule a calibration was measured with."""
+
+    steps: int
+    sampler: str
+    scheduler: str
+    denoise: float
+    progress: tuple[float, ...]  # model-time position of each step
+
+
+@dataclass(frozen=True)
+class Calibration:
+    method: str  # "magcache" | "teacache"
+    model: ModelIdentity
+    schedule: ScheduleInfo
+    measures: tuple[StepMeasure, ...]
+    coefficients: tuple[float, ...] | None = None  # TeaCache: fitted polynomial
+    # TeaCache: (signal change, residual change) of every run it was fitted over.
+    fit_points: tuple[tuple[float, float], ...] = ()
+    created: str = ""
+    runs: int = 1
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- what it gives ---------------------------------------------------------------------
+
+    @property
+    def branches(self) -> tuple[int, ...]:
+        return tuple(sorted({m.branch for m in self.measures}))
+
+    def per_step(self, branch: int, field_name: str, first: float) -> list[float]:
+        by_step = {m.step: getattr(m, field_name) for m in self.measures if m.branch == branch}
+        return [first] + [by_step[step] for step in range(1, self.schedule.steps)]
+
+    def mag_ratios(self) -> MagRatios:
+        return MagRatios.from_measured(
+            [self.per_step(b, "magnitude_ratio", 1.0) for b in self.branches], self.schedule.progress,
+            source=f"calibration of {self.created} ({self.schedule.steps} steps, {self.schedule.sampler})",
+            cosine_distances=[self.per_step(b, "cosine_distance", 0.0) for b in self.branches],
+        )
+
+    def summary(self) -> str:
+        lines = [
+            f"{'MagCache' if self.method == 'magcache' else 'TeaCache'} calibration of a {self.model.family} model "
+            f"({self.model.variant}, {self.model.model_class}, width {self.model.hidden_size}, "
+            f"weights {self.model.fingerprint[:12]})",
+            f"measured {self.created} over {self.runs} run(s): {self.schedule.steps} steps, {self.schedule.sampler} / "
+            f"{self.schedule.scheduler}, denoise {self.schedule.denoise:g}",
+        ]
+        names = {0: "cond", 1: "uncond"}
+        for branch in self.branches:
+            ratios = self.per_step(branch, "magnitude_ratio", 1.0)
+            spread = self.per_step(branch, "ratio_spread", 0.0)
+            cosine = self.per_step(branch, "cosine_distance", 0.0)
+            lines.append(f"{names.get(branch, branch)} ratios: " + ", ".join(f"{r:.5f}" for r in ratios))
+            lines.append(f"{names.get(branch, branch)} spread (std over tokens): " + ", ".join(f"{s:.4f}" for s in spread))
+            lines.append(f"{names.get(branch, branch)} cosine distance: " + ", ".join(f"{c:.4f}" for c in cosine))
+        if self.coefficients is not None:
+            lines.append("TeaCache coefficients (poly1d, highest power first): "
+                         + ", ".join(f"{c:.8g}" for c in self.coefficients))
+        return "\n".join(lines)
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise CalibrationError(f"unknown calibration method {self.method!r}")
+        steps = self.schedule.steps
+        if steps < 2 or len(self.schedule.progress) != steps:
+            raise CalibrationError(f"the schedule must list one position per step ({steps} steps)")
+        if any(b <= a for a, b in itertools.pairwise(self.schedule.progress)):
+            raise CalibrationError("the schedule positions must increase")
+        if not self.measures:
+            raise CalibrationError("the calibration is empty: no step was measured")
+        for measure in self.measures:
+            values = (measure.magnitude_ratio, measure.ratio_spread, measure.cosine_distance, measure.residual_change)
+            if not all(math.isfinite(v) for v in values) or measure.magnitude_ratio <= 0:
+                raise CalibrationError(f"step {measure.step} has a non-finite or non-positive measurement")
+            if not 0 < measure.step < steps:
+                raise CalibrationError(f"step {measure.step} is outside the {steps}-step schedule")
+        for branch in self.branches:
+            seen = {m.step for m in self.measures if m.branch == branch}
+            missing = sorted(set(range(1, steps)) - seen)
+            if missing:
+                raise CalibrationError(f"branch {branch} misses steps {missing[:5]}")
+        if self.method == "teacache":
+            if self.coefficients is None or len(self.coefficients) < 2:
+                raise CalibrationError("a TeaCache calibration needs its fitted coefficients")
+            if not all(math.isfinite(c) for c in self.coefficients):
+                raise CalibrationError("the TeaCache coefficients are not finite")
+            if not self.fit_points or not all(math.isfinite(v) for point in self.fit_points for v in point):
+                raise CalibrationError("a TeaCache calibration needs the finite points it was fitted on")
+
+    # -- JSON ------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        return {
+            "format": "stepcache-calibration", "version": self.version, "method": self.method,
+            "created": self.created, "runs": self.runs, "model": asdict(self.model),
+            "schedule": asdict(self.schedule),
+            "measures": [asdict(m) for m in self.measures],
+            "coefficients": list(self.coefficients) if self.coefficients is not None else None,
+            "fit_points": [list(point) for point in self.fit_points],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> Calibration:
+        try:
+            if data.get("format") != "stepcache-calibration":
+                raise CalibrationError("not a StepCache calibration")
+            if data.get("version") != FORMAT_VERSION:
+                raise CalibrationError(f"calibration format version {data.get('version')} is not {FORMAT_VERSION}")
+            schedule = dict(data["schedule"])
+            schedule["progress"] = tuple(float(p) for p in schedule["progress"])
+            coefficients = data.get("coefficients")
+            return cls(
+                method=data["method"], model=ModelIdentity(**data["model"]),
+                schedule=ScheduleInfo(**schedule),
+                measures=tuple(StepMeasure(**m) for m in data["measures"]),
+                coefficients=tuple(float(c) for c in coefficients) if coefficients is not None else None,
+                fit_points=tuple((float(x), float(y)) for x, y in data.get("fit_points", ())),
+                created=str(data.get("created", "")), runs=int(data.get("runs", 1)),
+            )
+        except CalibrationError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CalibrationError(f"malformed calibration ({error!r})") from error
+
+
+def teacache_fit_points(measures: Sequence[StepMeasure]) -> tuple[tuple[float, float], ...]:
+    return tuple((m.signal_change, m.residual_change) for m in measures if m.signal_change is not None)
+
+
+def fit_teacache_polynomial(points: Sequence[tuple[float, float]], degree: int = 4) -> tuple[float, ...]:
+    """Least-squares polynomial (numpy poly1d order) from signal change to residual change."""
+    if len(points) < degree + 2:
+        raise CalibrationError(f"need at least {degree + 2} measured steps to fit a degree-{degree} polynomial, "
+                               f"got {len(points)}")
+    x, y = np.array(points, dtype=np.float64).T
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise CalibrationError("non-finite measurements")
+    return tuple(float(c) for c in np.polyfit(x, y, degree))

@@ -1,0 +1,135 @@
+// StepCache web extension: after a run, show on each Apply TeaCache / Apply MagCache node what the
+// cache did (steps computed and skipped per CFG branch, the block-stack speedup), and on the
+// calibrate nodes a plot of the measured ratios. Uses the frontend's public extension API and the
+// server's "stepcache.stats" event; adds one display-only widget that is never saved in workflows.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+
+const STATS_EVENT = "stepcache.stats";
+const CALIBRATE_NODES = new Set(["MagCacheCalibrate", "TeaCacheCalibrate"]);
+const BRANCH_COLORS = { cond: "#4ea1ff", uncond: "#ff9f43" };
+
+function panel(node) {
+  if (node.stepcachePanel) return node.stepcachePanel;
+  const element = document.createElement("div");
+  element.className = "stepcache-panel";
+  Object.assign(element.style, {
+    font: "11px monospace", color: "var(--input-text, #ddd)", background: "rgba(0,0,0,0.25)",
+    borderRadius: "4px", padding: "4px 6px", overflow: "hidden", boxSizing: "border-box",
+  });
+  const widget = node.addDOMWidget("stepcache_stats", "stepcache", element, {
+    serialize: false, hideOnZoom: false, getValue: () => "", setValue: () => {},
+  });
+  widget.serialize = false; // display only: saved workflows keep their widget values unchanged
+  widget.computeSize = (width) => [width, Math.max(24, element.scrollHeight + 8)];
+  node.stepcachePanel = element;
+  return element;
+}
+
+function line(text, style = {}) {
+  const div = document.createElement("div");
+  div.textContent = text;
+  Object.assign(div.style, style);
+  return div;
+}
+
+function patternBar(pattern, color) {
+  const bar = document.createElement("div");
+  bar.className = "stepcache-pattern";
+  bar.title = "one cell per step: filled = computed, empty = reused the cache";
+  Object.assign(bar.style, { display: "flex", gap: "1px", height: "8px", margin: "2px 0 4px" });
+  for (const outcome of pattern) {
+    const cell = document.createElement("span");
+    Object.assign(cell.style, {
+      flex: "1", background: outcome === "C" ? color : "transparent", border: `1px solid ${color}`,
+    });
+    bar.appendChild(cell);
+  }
+  return bar;
+}
+
+function resize(node) {
+  requestAnimationFrame(() => {
+    node.setSize([node.size[0], node.computeSize()[1]]);
+    node.setDirtyCanvas(true, true);
+  });
+}
+
+export function showStats(node, stats) {
+  const element = panel(node);
+  element.replaceChildren();
+  if (stats.disabled_reason) {
+    element.appendChild(line(`uncached this run: ${stats.disabled_reason}`, { color: "#f0c674" }));
+  } else {
+    for (const branch of stats.branches) {
+      const total = branch.steps_computed + branch.steps_skipped;
+      element.appendChild(line(`${branch.branch}: skipped ${branch.steps_skipped}/${total} steps`));
+      element.appendChild(patternBar(branch.pattern, BRANCH_COLORS[branch.branch] ?? "#aaa"));
+    }
+    const calls = stats.calls_computed + stats.calls_skipped;
+    element.appendChild(line(
+      `block stack ${stats.calls_computed}/${calls} calls: ${stats.stack_speedup.toFixed(2)}x`,
+      { fontWeight: "bold" },
+    ));
+  }
+  element.appendChild(line(stats.label, { opacity: "0.7" }));
+  node.stepcacheStats = stats;
+  resize(node);
+}
+
+export function showRatios(node, series) {
+  const element = panel(node);
+  element.replaceChildren();
+  const canvas = document.createElement("canvas");
+  canvas.className = "stepcache-ratio-plot";
+  canvas.width = 260;
+  canvas.height = 110;
+  Object.assign(canvas.style, { width: "100%", height: "110px" });
+  element.appendChild(canvas);
+  const ctx = canvas.getContext("2d");
+  const values = series.flatMap((s) => s.ratios);
+  const low = Math.min(0.9, ...values);
+  const high = Math.max(1.1, ...values);
+  const steps = Math.max(...series.map((s) => s.ratios.length));
+  const x = (i) => 24 + (i / Math.max(1, steps - 1)) * (canvas.width - 30);
+  const y = (v) => canvas.height - 12 - ((v - low) / (high - low)) * (canvas.height - 20);
+  ctx.strokeStyle = "#666";
+  ctx.setLineDash([3, 3]);
+  ctx.beginPath();
+  ctx.moveTo(x(0), y(1));
+  ctx.lineTo(x(steps - 1), y(1));
+  ctx.stroke();
+  ctx.setLineDash([]);
+  ctx.fillStyle = "#999";
+  ctx.font = "10px monospace";
+  ctx.fillText(high.toFixed(2), 0, 10);
+  ctx.fillText(low.toFixed(2), 0, canvas.height - 12);
+  for (const s of series) {
+    ctx.strokeStyle = BRANCH_COLORS[s.branch] ?? "#aaa";
+    ctx.beginPath();
+    s.ratios.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
+    ctx.stroke();
+  }
+  const legend = series.map((s) => `${s.branch}`).join(" / ");
+  element.appendChild(line(`magnitude ratio per step (${legend}); dashed = 1.0`, { opacity: "0.7" }));
+  resize(node);
+}
+
+app.registerExtension({
+  name: "StepCache.Stats",
+  setup() {
+    api.addEventListener(STATS_EVENT, ({ detail }) => {
+      const graph = app.graph;
+      const node = graph?.getNodeById(Number(detail.node)) ?? graph?.getNodeById(detail.node);
+      if (node) showStats(node, detail);
+    });
+  },
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (!CALIBRATE_NODES.has(nodeData.name)) return;
+    const onExecuted = nodeType.prototype.onExecuted;
+    nodeType.prototype.onExecuted = function (message) {
+      onExecuted?.apply(this, arguments);
+      if (message?.stepcache_ratios) showRatios(this, message.stepcache_ratios);
+    };
+  },
+});
