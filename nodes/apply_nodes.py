@@ -82,7 +82,7 @@ class ApplyTeaCache(io.ComfyNode):
                 "model family and its published coefficients are detected from the model."
             ),
             inputs=[
-                io.Model.Input("model"),
+                io.Model.Input("model", tooltip="The diffusion model to cache (place after LoRAs, before the sampler)."),
                 io.Float.Input(
                     "threshold", default=0.4, min=0.0, max=10.0, step=0.01,
                     tooltip="Accumulated (rescaled) change below which a step is skipped. 0 never skips. "
@@ -150,7 +150,7 @@ class ApplyMagCache(io.ComfyNode):
                 "Uses the published ratios of the detected model, or a calibration from MagCacheCalibrate."
             ),
             inputs=[
-                io.Model.Input("model"),
+                io.Model.Input("model", tooltip="The diffusion model to cache (place after LoRAs, before the sampler)."),
                 io.Float.Input("threshold", default=0.06, min=0.0, max=2.0, step=0.001,
                                tooltip="Accumulated magnitude error allowed while skipping. 0 never skips; "
                                "higher is faster and less faithful."),

@@ -33,7 +33,8 @@ class DemoModel(io.ComfyNode):
             display_name="StepCache Demo Model",
             category=CATEGORY,
             description="A small trained FLUX-class image model or Wan-class video model that ships with the pack.",
-            inputs=[io.Combo.Input("kind", options=KINDS, default="image")],
+            inputs=[io.Combo.Input("kind", options=KINDS, default="image",
+                                   tooltip="image: FLUX-class, 32x32 pixels; video: Wan-2.1-class, a few frames.")],
             outputs=[io.Model.Output()],
         )
 
@@ -52,11 +53,11 @@ class DemoPrompt(io.ComfyNode):
             description="Conditioning for one class of the demo model (its stand-in for a text prompt). "
             f"{UNCONDITIONAL} is the negative for classifier-free guidance.",
             inputs=[
-                io.Combo.Input("kind", options=KINDS, default="image"),
+                io.Combo.Input("kind", options=KINDS, default="image", tooltip="Which demo model this is for."),
                 io.Combo.Input("subject", options=SUBJECTS, default="disc",
                                tooltip="image: " + ", ".join(data.IMAGE_CLASSES)
                                + "; video: " + ", ".join(data.VIDEO_CLASSES)),
-                io.Int.Input("batch_size", default=1, min=1, max=64),
+                io.Int.Input("batch_size", default=1, min=1, max=64, tooltip="Match the latent's batch size."),
             ],
             outputs=[io.Conditioning.Output()],
         )
@@ -81,8 +82,8 @@ class DemoLatent(io.ComfyNode):
             display_name="StepCache Demo Empty Latent",
             category=CATEGORY,
             inputs=[
-                io.Combo.Input("kind", options=KINDS, default="image"),
-                io.Int.Input("batch_size", default=1, min=1, max=64),
+                io.Combo.Input("kind", options=KINDS, default="image", tooltip="Which demo model this is for."),
+                io.Int.Input("batch_size", default=1, min=1, max=64, tooltip="Images (or videos) per run."),
                 io.Int.Input("frames", default=0, min=0, max=64, tooltip="video latent frames; 0 = as trained"),
             ],
             outputs=[io.Latent.Output()],
@@ -102,7 +103,7 @@ class DemoDecode(io.ComfyNode):
             category=CATEGORY,
             description="Latent to pixels for the demo models (an exact linear map, no VAE). "
             "Video frames come out as a batch of images.",
-            inputs=[io.Latent.Input("samples")],
+            inputs=[io.Latent.Input("samples", tooltip="A LATENT from a sampler run of a demo model.")],
             outputs=[io.Image.Output()],
         )
 

@@ -1,0 +1,61 @@
+"""The pack's node interface as saved workflows see it: ids, input names, outputs, help texts.
+
+Saved workflows and API graphs refer to nodes by id and to inputs by name. The snapshot below is the
+promise: renaming or removing an input breaks users' files, so it must fail here first (adding an
+optional input is fine: extend the snapshot).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+INTERFACE = {
+    "ApplyTeaCache": (["model", "threshold", "start_percent", "end_percent", "max_consecutive_skips",
+                       "cache_device"], ["variant", "coefficients"], ["MODEL"]),
+    "ApplyMagCache": (["model", "threshold", "max_consecutive_skips", "retention_ratio", "cache_device"],
+                      ["variant", "ratios"], ["MODEL"]),
+    "MagCacheCalibrate": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
+                           "latent_image", "denoise", "save_calibration"], [], ["LATENT", "MAG_RATIOS", "STRING"]),
+    "TeaCacheCalibrate": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
+                           "latent_image", "denoise", "save_calibration"], ["add_to"],
+                          ["LATENT", "TEACACHE_COEFFICIENTS", "STRING"]),
+    "MagCacheRatiosFromText": (["text", "calibrated_steps", "interleaved"], [], ["MAG_RATIOS"]),
+    "TeaCacheCoefficientsFromText": (["text"], [], ["TEACACHE_COEFFICIENTS"]),
+    "StepCacheDemoModel": (["kind"], [], ["MODEL"]),
+    "StepCacheDemoPrompt": (["kind", "subject", "batch_size"], [], ["CONDITIONING"]),
+    "StepCacheDemoLatent": (["kind", "batch_size", "frames"], [], ["LATENT"]),
+    "StepCacheDemoDecode": (["samples"], [], ["IMAGE"]),
+}
+
+
+@pytest.fixture(scope="module")
+def pack_nodes(host):
+    import nodes
+
+    return {name: cls for name, cls in nodes.NODE_CLASS_MAPPINGS.items()
+            if getattr(cls, "RELATIVE_PYTHON_MODULE", "").endswith("comfyui-stepcache")}
+
+
+def test_the_pack_registers_exactly_these_nodes(pack_nodes):
+    assert sorted(pack_nodes) == sorted(INTERFACE)
+
+
+@pytest.mark.parametrize("node_id", sorted(INTERFACE))
+def test_inputs_and_outputs_keep_their_names(pack_nodes, node_id):
+    required, optional, outputs = INTERFACE[node_id]
+    spec = pack_nodes[node_id].INPUT_TYPES()
+    assert list(spec["required"]) == required
+    assert list(spec.get("optional", {})) == optional
+    assert list(pack_nodes[node_id].RETURN_TYPES) == outputs
+
+
+@pytest.mark.parametrize("node_id", sorted(INTERFACE))
+def test_every_node_and_input_explains_itself(pack_nodes, node_id):
+    node = pack_nodes[node_id]
+    schema = node.GET_SCHEMA()
+    assert schema.display_name and schema.category.startswith("sampling/step cache")
+    assert schema.description or node_id == "StepCacheDemoLatent"
+    spec = node.INPUT_TYPES()
+    for section in ("required", "optional"):
+        for name, (_, options) in ((k, (v[0], v[1] if len(v) > 1 else {})) for k, v in spec.get(section, {}).items()):
+            assert options.get("tooltip"), f"{node_id}.{name} has no tooltip"
