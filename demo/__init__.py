@@ -8,5 +8,6 @@
 * ``preview`` KSampler samples per class as a PNG grid (``./dev preview image|video``)
 * ``probe``   a feature-based class probe that scores whether samples look like their class
 
-Nothing here is imported when ComfyUI loads the pack; import the modules explicitly.
+The pack's demo nodes (nodes/demo_nodes.py) import ``data``, ``models`` and ``pixels``; training,
+preview and probe are only imported by their commands and the tests.
 """

@@ -12,6 +12,7 @@ from ..cache_core.calibration import Calibration
 from . import calibration_store
 from .runtime import CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
+from .validation import ValidatedNode
 
 LOGGER = logging.getLogger("stepcache")
 
@@ -69,7 +70,7 @@ def calibration_for(method: str, node: str, model: object, family: families.Fami
     return saved
 
 
-class ApplyTeaCache(io.ComfyNode):
+class ApplyTeaCache(ValidatedNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -106,13 +107,17 @@ class ApplyTeaCache(io.ComfyNode):
             ],
             outputs=[io.Model.Output()],
             hidden=[io.Hidden.unique_id],
+            # The node id is baked into the patched model (for its statistics), so ComfyUI must not
+            # hand this node's cached output to another node with equal inputs: ComfyUI 0.3.75 puts
+            # the unique id of V3 nodes into the cache key only for not-idempotent ones.
+            not_idempotent=True,
         )
 
     @classmethod
-    def validate_inputs(cls, start_percent: float = 0.0, end_percent: float = 1.0, **_: object) -> bool | str:
+    def check_inputs(cls, start_percent: float = 0.0, end_percent: float = 1.0, **_: object) -> str | None:
         if start_percent >= end_percent:
             return f"start_percent ({start_percent}) must be below end_percent ({end_percent})"
-        return True
+        return None
 
     @classmethod
     def execute(cls, model: object, threshold: float, start_percent: float, end_percent: float,
@@ -137,7 +142,7 @@ class ApplyTeaCache(io.ComfyNode):
         return io.NodeOutput(install(model, settings, family))
 
 
-class ApplyMagCache(io.ComfyNode):
+class ApplyMagCache(ValidatedNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -169,6 +174,10 @@ class ApplyMagCache(io.ComfyNode):
             ],
             outputs=[io.Model.Output()],
             hidden=[io.Hidden.unique_id],
+            # The node id is baked into the patched model (for its statistics), so ComfyUI must not
+            # hand this node's cached output to another node with equal inputs: ComfyUI 0.3.75 puts
+            # the unique id of V3 nodes into the cache key only for not-idempotent ones.
+            not_idempotent=True,
         )
 
     @classmethod

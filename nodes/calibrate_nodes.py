@@ -31,6 +31,7 @@ from ..cache_core.ratios import MagRatios
 from . import calibration_store
 from .runtime import OBSERVERS, CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
+from .validation import ValidatedNode
 
 LOGGER = logging.getLogger("stepcache")
 
@@ -118,7 +119,7 @@ def finish(node: str, calibration: Calibration, save_calibration: bool) -> tuple
     return text, {"text": [text], "stepcache_ratios": series}
 
 
-class MagCacheCalibrate(io.ComfyNode):
+class MagCacheCalibrate(ValidatedNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -144,7 +145,7 @@ class MagCacheCalibrate(io.ComfyNode):
         return io.NodeOutput(latent, calibration, report, ui=ui)
 
 
-class TeaCacheCalibrate(io.ComfyNode):
+class TeaCacheCalibrate(ValidatedNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -210,7 +211,7 @@ def ratios_from_text(ratios: str, calibrated_steps: int, interleaved: bool) -> M
     return MagRatios.from_table(values, steps, interleaved, source="ratios entered as text")
 
 
-class MagCacheRatiosFromText(io.ComfyNode):
+class MagCacheRatiosFromText(ValidatedNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -230,12 +231,12 @@ class MagCacheRatiosFromText(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, text: str = "", calibrated_steps: int = 0, interleaved: bool = False) -> bool | str:
+    def check_inputs(cls, text: str = "", calibrated_steps: int = 0, interleaved: bool = False) -> str | None:
         try:
             ratios_from_text(text, calibrated_steps, interleaved)
         except ValueError as error:
             return f"ratios: {error}"
-        return True
+        return None
 
     @classmethod
     def execute(cls, text: str, calibrated_steps: int, interleaved: bool) -> io.NodeOutput:
@@ -251,7 +252,7 @@ def coefficients_from_text(coefficients: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-class TeaCacheCoefficientsFromText(io.ComfyNode):
+class TeaCacheCoefficientsFromText(ValidatedNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -265,12 +266,12 @@ class TeaCacheCoefficientsFromText(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, text: str = "") -> bool | str:
+    def check_inputs(cls, text: str = "") -> str | None:
         try:
             coefficients_from_text(text)
         except ValueError as error:
             return f"coefficients: {error}"
-        return True
+        return None
 
     @classmethod
     def execute(cls, text: str) -> io.NodeOutput:

@@ -13,6 +13,7 @@ from comfy_api.latest import io
 
 from ..demo import data, models, pixels
 from .types import CATEGORY as PACK_CATEGORY
+from .validation import ValidatedNode
 
 CATEGORY = f"{PACK_CATEGORY}/demo"
 KINDS = ["image", "video"]
@@ -25,7 +26,7 @@ def _model(kind: str) -> object:
     return models.load_model(kind)
 
 
-class DemoModel(io.ComfyNode):
+class DemoModel(ValidatedNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -43,7 +44,7 @@ class DemoModel(io.ComfyNode):
         return io.NodeOutput(_model(kind).clone())
 
 
-class DemoPrompt(io.ComfyNode):
+class DemoPrompt(ValidatedNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -63,10 +64,10 @@ class DemoPrompt(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, kind: str = "image", subject: str = UNCONDITIONAL, **_: object) -> bool | str:
+    def check_inputs(cls, kind: str = "image", subject: str = UNCONDITIONAL, **_: object) -> str | None:
         if subject != UNCONDITIONAL and subject not in models.CLASSES.get(kind, ()):
             return f"the {kind} demo model knows {', '.join(models.CLASSES.get(kind, ()))}, not '{subject}'"
-        return True
+        return None
 
     @classmethod
     def execute(cls, kind: str, subject: str, batch_size: int) -> io.NodeOutput:
@@ -74,7 +75,7 @@ class DemoPrompt(io.ComfyNode):
         return io.NodeOutput(models.conditioning(kind, index, batch_size))
 
 
-class DemoLatent(io.ComfyNode):
+class DemoLatent(ValidatedNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -94,7 +95,7 @@ class DemoLatent(io.ComfyNode):
         return io.NodeOutput(models.empty_latent(kind, batch_size, frames or None))
 
 
-class DemoDecode(io.ComfyNode):
+class DemoDecode(ValidatedNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(

@@ -41,6 +41,8 @@ SETTINGS_KEY = "stepcache"  # transformer_options: the node's settings (no tenso
 RUN_KEY = "stepcache_run"  # transformer_options during a sampling run: its ActiveRun
 WRAPPER_KEY = "stepcache"
 COMPILE_WRAPPER_KEY = "torch.compile"  # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
+# ComfyUI's own step caches (comfy_extras/nodes_easycache.py), by their OUTER_SAMPLE wrapper key.
+NATIVE_CACHES = {"easycache": "EasyCache", "lazycache": "LazyCache"}
 
 # Below this many steps a skipped step costs more quality than it saves (distilled 4-8 step
 # models): such runs sample uncached and say so.
@@ -298,6 +300,10 @@ def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedu
         return "context windows evaluate the model per window; one cached residual cannot serve them all"
     if guider.model_patcher.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_WRAPPER_KEY):
         return "torch.compile (TorchCompileModel) is on: its graphs cannot take per-step skip decisions"
+    for key, name in NATIVE_CACHES.items():
+        if guider.model_patcher.get_wrappers(WrappersMP.OUTER_SAMPLE, key):
+            return (f"ComfyUI's {name} is also on this model: two step caches would reuse each other's "
+                    f"stale outputs; remove one of them")
     return None
 
 

@@ -59,3 +59,19 @@ def test_every_node_and_input_explains_itself(pack_nodes, node_id):
     for section in ("required", "optional"):
         for name, (_, options) in ((k, (v[0], v[1] if len(v) > 1 else {})) for k, v in spec.get(section, {}).items()):
             assert options.get("tooltip"), f"{node_id}.{name} has no tooltip"
+
+
+def test_a_node_id_taken_by_another_pack_is_reported(host, monkeypatch, caplog):
+    import nodes
+
+    pack = host.pack_module("nodes")
+
+    class OtherPacksCalibrate:
+        RELATIVE_PYTHON_MODULE = "custom_nodes.some-other-magcache-pack"
+
+    monkeypatch.setitem(nodes.NODE_CLASS_MAPPINGS, "MagCacheCalibrate", OtherPacksCalibrate)
+    monkeypatch.delitem(nodes.NODE_CLASS_MAPPINGS, "ApplyMagCache")
+    with caplog.at_level("WARNING", logger="stepcache"):
+        pack.warn_about_taken_node_ids([pack.ApplyMagCache, *pack.CALIBRATION_NODES])
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "MagCacheCalibrate" in warnings[0] and "some-other-magcache-pack" in warnings[0]

@@ -82,6 +82,21 @@ def test_cached_graph_over_http_reports_its_stats(server):
     assert "[StepCache] flux / flux.1-dev: MagCache" in server.log()
 
 
+def test_stats_name_the_node_of_this_prompt_when_another_had_equal_inputs(server):
+    """ComfyUI reuses a node's cached output for equal inputs across prompts; the patched model
+    carries its node id, so the Apply nodes must not be shared between node ids."""
+    graph = tiny_graph("flux", steps=12, cfg=2.0)
+    cache = {"class_type": "ApplyMagCache", "inputs": {
+        "model": ["model", 0], "threshold": 0.5, "max_consecutive_skips": 4, "retention_ratio": 0.1,
+        "cache_device": "main_device", "variant": "auto"}}
+    for node_id in ("first-cache", "second-cache"):
+        other = {k: v for k, v in graph.items()} | {node_id: cache}
+        other["sampler"] = {**graph["sampler"], "inputs": {**graph["sampler"]["inputs"], "model": [node_id, 0]}}
+        prompt_id = server.queue(other)
+        assert server.wait(prompt_id)["status"]["status_str"] == "success"
+        assert [run["node"] for run in server.get(f"/stepcache/stats?prompt_id={prompt_id}")] == [node_id]
+
+
 def test_bad_widget_values_are_validation_errors_and_the_server_keeps_serving(server):
     from harness.server import PromptRejected
 
@@ -101,7 +116,9 @@ def test_bad_widget_values_are_validation_errors_and_the_server_keeps_serving(se
 def api_workflows() -> list:
     import pathlib
 
-    return sorted((pathlib.Path(__file__).resolve().parents[1] / "example_workflows" / "api").glob("*.json"))
+    # The demo graphs need no model files; the real-model ones run with tiny stand-ins in
+    # tests/test_example_workflows.py.
+    return sorted((pathlib.Path(__file__).resolve().parents[1] / "example_workflows" / "api").glob("demo_*.json"))
 
 
 @pytest.mark.parametrize("path", api_workflows(), ids=lambda p: p.stem)
@@ -144,3 +161,29 @@ def test_a_saved_calibration_is_found_again_by_a_new_server_process():
         entry = second.run(applied)
         assert entry["status"]["status_str"] == "success", entry["status"]
         assert "ApplyMagCache: using this model's saved calibration" in second.log()
+
+
+def test_the_readme_headless_example_runs_and_prints_the_cache_stats(server, tmp_path):
+    """The README's standard-library client, exactly as printed there, against the real server."""
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    blocks = re.findall(r"```python\n(# headless-example.*?)```", (root / "README.md").read_text(), re.S)
+    assert len(blocks) == 1, "the README's headless example block is missing"
+    script = tmp_path / "headless.py"
+    script.write_text(blocks[0])
+    done = subprocess.run([sys.executable, str(script), "example_workflows/api/demo_image_magcache.json"],
+                          cwd=root, env={"COMFY_URL": server.url, "PATH": ""}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "status: success" in done.stdout
+    summary = re.search(r"node \S+: MagCache: .*block stack ran (\d+)/(\d+) calls", done.stdout)
+    assert summary, done.stdout
+    computed, total = map(int, summary.groups())
+    assert 0 < computed < total  # the demo workflow does skip
+    patterns = dict(re.findall(r"  (\w+): ([CS]+)\n", done.stdout))
+    assert patterns.keys() == {"cond", "uncond"}, done.stdout
+    assert all(p.count("C") == computed for p in patterns.values())

@@ -9,21 +9,32 @@ const STATS_EVENT = "stepcache.stats";
 const CALIBRATE_NODES = new Set(["MagCacheCalibrate", "TeaCacheCalibrate"]);
 const BRANCH_COLORS = { cond: "#4ea1ff", uncond: "#ff9f43" };
 
+// The panel's content box (inside the DOM widget's element), created on first use.
 function panel(node) {
-  if (node.stepcachePanel) return node.stepcachePanel;
+  if (node.stepcachePanel) return node.stepcachePanel.firstChild;
   const element = document.createElement("div");
   element.className = "stepcache-panel";
   Object.assign(element.style, {
     font: "11px monospace", color: "var(--input-text, #ddd)", background: "rgba(0,0,0,0.25)",
     borderRadius: "4px", padding: "4px 6px", overflow: "hidden", boxSizing: "border-box",
   });
+  // The content sits in a box of its own so its height can be measured whatever height the
+  // frontend gives the element; flow-root keeps the children's margins inside it.
+  const content = document.createElement("div");
+  content.className = "stepcache-panel-content";
+  content.style.display = "flow-root";
+  element.appendChild(content);
   const widget = node.addDOMWidget("stepcache_stats", "stepcache", element, {
     serialize: false, hideOnZoom: false, getValue: () => "", setValue: () => {},
   });
   widget.serialize = false; // display only: saved workflows keep their widget values unchanged
-  widget.computeSize = (width) => [width, Math.max(24, element.scrollHeight + 8)];
+  // The element gets the widget's height less a margin above and below, and its padding holds
+  // 4px on each side. Measuring the element itself (scrollHeight) instead fed the height it was
+  // given back into the size it asked for: the node either clipped the last line or grew forever.
+  const margin = widget.margin ?? 10;
+  widget.computeSize = (width) => [width, Math.max(24, content.offsetHeight + 8 + 2 * margin)];
   node.stepcachePanel = element;
-  return element;
+  return content;
 }
 
 function line(text, style = {}) {
@@ -56,36 +67,36 @@ function resize(node) {
 }
 
 export function showStats(node, stats) {
-  const element = panel(node);
-  element.replaceChildren();
+  const content = panel(node);
+  content.replaceChildren();
   if (stats.disabled_reason) {
-    element.appendChild(line(`uncached this run: ${stats.disabled_reason}`, { color: "#f0c674" }));
+    content.appendChild(line(`uncached this run: ${stats.disabled_reason}`, { color: "#f0c674" }));
   } else {
     for (const branch of stats.branches) {
       const total = branch.steps_computed + branch.steps_skipped;
-      element.appendChild(line(`${branch.branch}: skipped ${branch.steps_skipped}/${total} steps`));
-      element.appendChild(patternBar(branch.pattern, BRANCH_COLORS[branch.branch] ?? "#aaa"));
+      content.appendChild(line(`${branch.branch}: skipped ${branch.steps_skipped}/${total} steps`));
+      content.appendChild(patternBar(branch.pattern, BRANCH_COLORS[branch.branch] ?? "#aaa"));
     }
     const calls = stats.calls_computed + stats.calls_skipped;
-    element.appendChild(line(
+    content.appendChild(line(
       `block stack ${stats.calls_computed}/${calls} calls: ${stats.stack_speedup.toFixed(2)}x`,
       { fontWeight: "bold" },
     ));
   }
-  element.appendChild(line(stats.label, { opacity: "0.7" }));
+  content.appendChild(line(stats.label, { opacity: "0.7" }));
   node.stepcacheStats = stats;
   resize(node);
 }
 
 export function showRatios(node, series) {
-  const element = panel(node);
-  element.replaceChildren();
+  const content = panel(node);
+  content.replaceChildren();
   const canvas = document.createElement("canvas");
   canvas.className = "stepcache-ratio-plot";
   canvas.width = 260;
   canvas.height = 110;
   Object.assign(canvas.style, { width: "100%", height: "110px" });
-  element.appendChild(canvas);
+  content.appendChild(canvas);
   const ctx = canvas.getContext("2d");
   const values = series.flatMap((s) => s.ratios);
   const low = Math.min(0.9, ...values);
@@ -111,7 +122,7 @@ export function showRatios(node, series) {
     ctx.stroke();
   }
   const legend = series.map((s) => `${s.branch}`).join(" / ");
-  element.appendChild(line(`magnitude ratio per step (${legend}); dashed = 1.0`, { opacity: "0.7" }));
+  content.appendChild(line(`magnitude ratio per step (${legend}); dashed = 1.0`, { opacity: "0.7" }));
   resize(node);
 }
 

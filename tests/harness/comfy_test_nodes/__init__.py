@@ -70,9 +70,30 @@ class TinyLatent(io.ComfyNode):
         return io.NodeOutput(empty_latent(family, batch, scale, frames or None))
 
 
+class LatentSink(io.ComfyNode):
+    """An output node that keeps nothing: stands in for VAE decode + save when an example
+    workflow runs on a tiny model (which has no VAE), and reports the latent's shape."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StepCacheTestLatentSink",
+            category="stepcache/testing",
+            inputs=[io.Latent.Input("samples")],
+            outputs=[],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, samples: dict) -> io.NodeOutput:
+        latent = samples["samples"]
+        return io.NodeOutput(ui={"latent_shape": [list(latent.shape)],
+                                 "finite": [bool(latent.isfinite().all())]})
+
+
 class TestNodes(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [TinyModel, TinyConditioning, TinyLatent]
+        return [TinyModel, TinyConditioning, TinyLatent, LatentSink]
 
 
 async def comfy_entrypoint() -> ComfyExtension:

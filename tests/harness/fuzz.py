@@ -1,0 +1,323 @@
+"""Randomized run sequences and a memory soak, in the real ComfyUI (in-process, tiny models).
+
+A sequence draws runs at random (seeded, so a failure replays) across families, cache methods and
+thresholds, steps, resolution, batch, frame count, cfg, sampler, scheduler, denoise, KSamplerAdvanced
+ranges, and interrupts by ComfyUI's own mechanism (``interrupt_current_processing``, which the next
+ComfyUI op turns into ``InterruptProcessingException``, as the server's /interrupt does). Patched
+models are reused across runs, so whatever a run leaves behind meets every later run.
+
+After every run it checks:
+- no exception, except the interrupt it asked for;
+- threshold 0, or a run the cache declines (fewer than 10 steps): output bit-identical to the
+  unpatched model;
+- a caching run: output bit-identical to a freshly patched model doing the same run (a difference
+  is a *stale-state mismatch*: something carried over from an earlier run);
+- the run's statistics agree with its schedule (steps, branches, computed + skipped per branch);
+- nothing of the cache survives the run (no live run state, no residual store).
+
+``./dev fuzz`` runs a larger budget and the 200-run soak from the command line; the tests run a
+CI-sized budget. Import after ``host.boot()``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import comfy.model_management
+import comfy.utils
+import psutil
+import torch
+
+from . import sampling
+
+FAMILIES = ["flux", "flux2", "chroma", "wan21", "hunyuan_video", "qwen_image", "ltxv", "sd3", "lumina2"]
+VIDEO = {"wan21", "hunyuan_video", "ltxv"}
+SAMPLERS = ["euler", "euler_ancestral", "heun", "dpmpp_2m", "dpmpp_2s_ancestral", "uni_pc", "lcm"]
+SCHEDULERS = ["simple", "normal", "karras", "exponential", "sgm_uniform", "beta"]
+# Thresholds: 0 (never skip), a moderate one, and one that skips nearly everything.
+THRESHOLDS = {"teacache": [0.0, 0.3, 5.0], "magcache": [0.0, 0.1, 5.0]}
+MIN_STEPS_TO_CACHE = 10
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    family: str
+    method: str
+    threshold: float
+    steps: int
+    cfg: float
+    sampler: str
+    scheduler: str
+    denoise: float
+    batch: int
+    scale: int
+    frames: int | None
+    advanced: tuple[int, int] | None  # KSamplerAdvanced (start_step, last_step)
+    interrupt_after: int | None  # interrupt once this many steps have completed
+    seed: int
+
+    @property
+    def schedule_steps(self) -> int:
+        """Steps in the schedule the sampler actually runs."""
+        if self.advanced is not None:
+            start, end = self.advanced
+            return min(end, self.steps) - start
+        return self.steps
+
+    def job(self) -> sampling.Job:
+        return sampling.Job(self.family, seed=self.seed, steps=self.steps, cfg=self.cfg, sampler=self.sampler,
+                            scheduler=self.scheduler, denoise=self.denoise, batch=self.batch, scale=self.scale,
+                            frames=self.frames)
+
+    def run(self, model: Any) -> torch.Tensor:
+        job = self.job()
+        if self.advanced is None:
+            return job.run(model)
+        return job.run_advanced(model, *self.advanced)
+
+
+def draw(rng: random.Random) -> RunSpec:
+    family = rng.choice(FAMILIES)
+    method = rng.choice(["teacache", "magcache"])
+    steps = rng.choice([6, 10, 12, 14, 16])
+    advanced = None
+    if rng.random() < 0.2:
+        start = rng.randrange(0, 4)
+        advanced = (start, rng.randrange(start + 1, steps + 1))
+    return RunSpec(
+        family=family, method=method, threshold=rng.choice(THRESHOLDS[method]), steps=steps,
+        cfg=rng.choice([1.0, 3.0, 3.0]), sampler=rng.choice(SAMPLERS), scheduler=rng.choice(SCHEDULERS),
+        denoise=rng.choice([1.0, 1.0, 0.6]) if advanced is None else 1.0, batch=rng.choice([1, 1, 2]),
+        scale=rng.choice([1, 1, 2]), frames=rng.choice([None, 2, 3]) if family in VIDEO else None,
+        advanced=advanced,
+        interrupt_after=rng.randrange(1, max(2, steps - 1)) if rng.random() < 0.15 else None,
+        seed=rng.randrange(1000),
+    )
+
+
+@dataclass
+class Report:
+    runs: int = 0
+    interrupted: int = 0
+    cached_runs: int = 0
+    identical_checks: int = 0
+    families: Counter = field(default_factory=Counter)
+    exceptions: list[str] = field(default_factory=list)
+    stale_state_mismatches: list[str] = field(default_factory=list)
+    uncached_mismatches: list[str] = field(default_factory=list)
+    stats_errors: list[str] = field(default_factory=list)
+    leaks: list[str] = field(default_factory=list)
+    rss_start: int = 0
+    rss_peak: int = 0
+    rss_end: int = 0
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[str]:
+        return self.exceptions + self.stale_state_mismatches + self.uncached_mismatches + self.stats_errors + self.leaks
+
+    def summary(self) -> str:
+        mib = 1 << 20
+        return "\n".join([
+            f"runs {self.runs} ({self.cached_runs} caching, {self.interrupted} interrupted, "
+            f"{self.identical_checks} checked bit-identical to unpatched) in {self.seconds:.0f} s",
+            "families: " + ", ".join(f"{k} {v}" for k, v in sorted(self.families.items())),
+            f"exceptions: {len(self.exceptions)}",
+            f"stale-state mismatches: {len(self.stale_state_mismatches)}",
+            f"uncached runs not identical to unpatched: {len(self.uncached_mismatches)}",
+            f"statistics inconsistent with the schedule: {len(self.stats_errors)}",
+            f"cache state surviving a run: {len(self.leaks)}",
+            f"process memory (RSS): start {self.rss_start / mib:.0f} MiB, peak {self.rss_peak / mib:.0f} MiB, "
+            f"end {self.rss_end / mib:.0f} MiB (drift {(self.rss_end - self.rss_start) / mib:+.0f} MiB)",
+            *(f"  FAIL {f}" for f in self.failures[:20]),
+        ])
+
+
+class Driver:
+    """Holds the unpatched models and the reused patched ones across a sequence."""
+
+    def __init__(self) -> None:
+        self.tiny = sampling.tiny()
+        self.runtime = sampling.pack("nodes.runtime")
+        self.run_cache = sampling.pack("cache_core.run_cache")
+        self.families = sampling.pack("families")
+        self.borrowed_ratios = sampling.pack("families.published_magcache").FLUX_DEV
+        self.base: dict[str, Any] = {}
+        self.patched: dict[tuple, tuple[Any, str]] = {}
+
+    def base_model(self, family: str) -> Any:
+        if family not in self.base:
+            self.base[family] = self.tiny.build_model(family, seed=0)
+        return self.base[family]
+
+    def apply(self, spec: RunSpec) -> tuple[Any, str]:
+        inputs: dict[str, Any] = {"threshold": spec.threshold}
+        family = self.families.family_for(self.base_model(spec.family).model)
+        if spec.method == "magcache" and not any(v.magcache is not None for v in family.variants):
+            inputs["ratios"] = self.borrowed_ratios  # only the mechanics matter on random weights
+        if spec.threshold >= 5.0:
+            inputs["max_consecutive_skips"] = 100
+            if spec.method == "magcache":
+                inputs["retention_ratio"] = 0.0
+        return sampling.apply(self.base_model(spec.family), spec.method, **inputs)
+
+    def reused(self, spec: RunSpec) -> tuple[Any, str]:
+        key = (spec.family, spec.method, spec.threshold)
+        if key not in self.patched:
+            self.patched[key] = self.apply(spec)
+        return self.patched[key]
+
+    def live_cache_objects(self) -> list[str]:
+        gc.collect()
+        kinds = (self.runtime.ActiveRun, self.run_cache.RunCache, self.run_cache.ResidualStore)
+        return [type(o).__name__ for o in gc.get_objects() if isinstance(o, kinds)]
+
+    def check_stats(self, spec: RunSpec, node_id: str) -> str | None:
+        run = sampling.stats(node_id)
+        steps = spec.schedule_steps
+        # Runs the cache declines report their reason and no branches (nothing was decided).
+        declined = steps < MIN_STEPS_TO_CACHE or spec.threshold == 0.0
+        branches = set() if declined else {"cond", "uncond"} if spec.cfg > 1.0 else {"cond"}
+        problems = []
+        if run["steps"] != steps:
+            problems.append(f"steps {run['steps']} != {steps}")
+        if (run["disabled_reason"] is not None) != declined:
+            problems.append(f"disabled_reason {run['disabled_reason']!r} for {steps} steps")
+        if {b["branch"] for b in run["branches"]} != branches:
+            problems.append(f"branches {[b['branch'] for b in run['branches']]}")
+        for b in run["branches"]:
+            if b["steps_computed"] + b["steps_skipped"] != steps or len(b["pattern"]) != steps:
+                problems.append(f"branch {b['branch']}: {b['steps_computed']} + {b['steps_skipped']} for {steps}")
+        if run["calls_skipped"] and declined:
+            problems.append(f"a declined run skipped {run['calls_skipped']} calls")
+        return "; ".join(problems) or None
+
+    def one_run(self, spec: RunSpec, report: Report) -> None:
+        report.runs += 1
+        report.families[spec.family] += 1
+        patched, node_id = self.reused(spec)
+        try:
+            output = self.run_interruptible(spec, patched)
+        except Exception as error:  # the sequence goes on: every failure is reported, not just the first
+            report.exceptions.append(f"{spec}: {type(error).__name__}: {error}")
+            return
+        finally:
+            leaked = self.live_cache_objects()
+            if leaked or self.runtime.RUN_KEY in patched.model_options["transformer_options"]:
+                report.leaks.append(f"{spec}: {Counter(leaked)}")
+        if output is None:
+            report.interrupted += 1
+            return
+        if (problem := self.check_stats(spec, node_id)) is not None:
+            report.stats_errors.append(f"{spec}: {problem}")
+        if spec.threshold == 0.0 or spec.schedule_steps < MIN_STEPS_TO_CACHE:
+            report.identical_checks += 1
+            if not torch.equal(output, spec.run(self.base_model(spec.family))):
+                report.uncached_mismatches.append(str(spec))
+            return
+        report.cached_runs += 1
+        fresh, _ = self.apply(spec)
+        if not torch.equal(output, spec.run(fresh)):
+            report.stale_state_mismatches.append(str(spec))
+
+    def run_interruptible(self, spec: RunSpec, model: Any) -> torch.Tensor | None:
+        """The run; None when it was interrupted as asked. The interrupt is ComfyUI's own: the flag
+        that /interrupt sets, raised by the next ComfyUI op after the progress callback sets it."""
+        if spec.interrupt_after is None or spec.interrupt_after >= spec.schedule_steps:
+            return spec.run(model)
+
+        def progress(value: int, total: int, preview: Any, **_: Any) -> None:
+            if value == spec.interrupt_after:
+                comfy.model_management.interrupt_current_processing(True)
+
+        comfy.utils.set_progress_bar_global_hook(progress)
+        try:
+            output = spec.run(model)
+        except comfy.model_management.InterruptProcessingException:
+            return None
+        finally:
+            comfy.utils.set_progress_bar_global_hook(None)
+            comfy.model_management.interrupt_current_processing(False)
+        raise AssertionError(f"asked to interrupt after step {spec.interrupt_after}, the run finished: {output.shape}")
+
+
+def run_sequence(runs: int, seed: int) -> Report:
+    """``runs`` random runs drawn from ``seed``."""
+    logging.getLogger("stepcache").setLevel(logging.ERROR)  # one line per run would drown the report
+    rng = random.Random(seed)
+    driver = Driver()
+    report = Report()
+    process = psutil.Process()
+    started = time.perf_counter()
+    report.rss_start = report.rss_peak = process.memory_info().rss
+    for _ in range(runs):
+        driver.one_run(draw(rng), report)
+        report.rss_peak = max(report.rss_peak, process.memory_info().rss)
+    report.rss_end = process.memory_info().rss
+    report.seconds = time.perf_counter() - started
+    logging.getLogger("stepcache").setLevel(logging.NOTSET)
+    return report
+
+
+@dataclass
+class SoakReport:
+    runs: int
+    rss_after_warmup: int
+    rss_peak: int
+    rss_end: int
+    tensors_after_warmup: int
+    tensors_end: int
+    pack_objects_end: int
+    seconds: float
+    rss_checkpoints: list[int]  # every 50 runs
+    cached: bool = True
+
+    def summary(self) -> str:
+        mib = 1 << 20
+        what = "cached" if self.cached else "uncached (control)"
+        return (f"soak, {what}: {self.runs} runs in {self.seconds:.0f} s; RSS after warm-up {self.rss_after_warmup / mib:.0f} MiB, "
+                f"peak {self.rss_peak / mib:.0f} MiB, end {self.rss_end / mib:.0f} MiB "
+                f"(drift {(self.rss_end - self.rss_after_warmup) / mib:+.1f} MiB); live torch tensors after warm-up "
+                f"{self.tensors_after_warmup}, at the end {self.tensors_end}; cache objects alive at the end "
+                f"{self.pack_objects_end}; RSS every 50 runs: "
+                + ", ".join(f"{r / mib:.0f}" for r in self.rss_checkpoints) + " MiB")
+
+
+def live_tensor_count() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
+
+
+def soak(runs: int = 200, warmup: int = 20, seed: int = 0, cached: bool = True) -> SoakReport:
+    """Consecutive cached runs on the same patched models with shapes changing every run
+    (``cached=False``: the same runs on the unpatched models, the allocator's own drift)."""
+    logging.getLogger("stepcache").setLevel(logging.ERROR)
+    rng = random.Random(seed)
+    driver = Driver()
+    process = psutil.Process()
+    started = time.perf_counter()
+    rss_after_warmup = tensors_after_warmup = rss_peak = 0
+    checkpoints = []
+    for index in range(runs):
+        family = ("flux", "wan21", "qwen_image")[index % 3]
+        spec = RunSpec(family=family, method=("magcache", "teacache")[index % 2], threshold=5.0, steps=10,
+                       cfg=3.0, sampler="euler", scheduler="simple", denoise=1.0, batch=rng.choice([1, 2, 3]),
+                       scale=rng.choice([1, 2, 3]), frames=rng.choice([1, 2, 4]) if family == "wan21" else None,
+                       advanced=None, interrupt_after=None, seed=index)
+        spec.run(driver.reused(spec)[0] if cached else driver.base_model(family))
+        if (index + 1) % 50 == 0:
+            checkpoints.append(process.memory_info().rss)
+        if index + 1 == warmup:
+            rss_after_warmup = process.memory_info().rss
+            tensors_after_warmup = live_tensor_count()
+        rss_peak = max(rss_peak, process.memory_info().rss)
+    logging.getLogger("stepcache").setLevel(logging.NOTSET)
+    return SoakReport(runs, rss_after_warmup, rss_peak, process.memory_info().rss, tensors_after_warmup,
+                      live_tensor_count(), len(driver.live_cache_objects()), time.perf_counter() - started,
+                      checkpoints, cached)
