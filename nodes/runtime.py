@@ -87,6 +87,18 @@ class ActiveRun:
         self.call: StackCall = PASSTHROUGH
         self.single_stream = family.single_stream
 
+    def release(self) -> RunStats:
+        """End of the run: free every tensor and drop the model, and return the statistics.
+
+        Copies of transformer_options made during the run still name this object; ComfyUI used as
+        a library with autograd on (uni_pc) can keep such copies in reference cycles through the
+        autograd graph that Python's collector cannot free, so nothing heavy may hang off it.
+        """
+        stats = self.cache.close()
+        self.call = PASSTHROUGH
+        self.diffusion_model = None
+        return stats
+
     # Block hooks ---------------------------------------------------------------------------
 
     def run_block(self, hook: BlockHook, args: dict, extra: dict) -> dict:
@@ -222,9 +234,7 @@ def outer_sample_wrapper(executor: Any, *args: Any, **kwargs: Any) -> Any:
         return executor(*args, **kwargs)
     finally:
         options.pop(RUN_KEY, None)
-        stats = run.cache.close()
-        run.call = PASSTHROUGH
-        finish_run(settings, run, stats)
+        finish_run(settings, run, run.release())
 
 
 def finish_run(settings: CacheSettings, run: ActiveRun, stats: RunStats) -> None:

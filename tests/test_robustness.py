@@ -37,3 +37,24 @@ def test_two_hundred_runs_with_changing_shapes_hold_no_memory(fuzz):
     assert soak.pack_objects_end == 0, soak.summary()
     assert soak.tensors_end <= soak.tensors_after_warmup, soak.summary()
     assert soak.rss_end - soak.rss_after_warmup < 64 * MiB, soak.summary()
+
+
+def test_library_use_with_autograd_leaves_nothing_heavy_behind(host):
+    """ComfyUI used as a library runs uni_pc with autograd on (its executor uses inference mode),
+    and copies of transformer_options made during the run can then stay in reference cycles
+    through the autograd graph that the collector cannot free. Whatever of the run stays alive
+    that way must hold no tensor and no model."""
+    import gc
+
+    from harness import sampling
+
+    runtime = sampling.pack("nodes.runtime")
+    patched, _ = sampling.apply(sampling.tiny().build_model("sd3", seed=0), "teacache", threshold=5.0,
+                                max_consecutive_skips=100)
+    out = sampling.Job("sd3", steps=12, sampler="uni_pc").run(patched)
+    assert out.requires_grad  # the library path this test is about
+    del out
+    gc.collect()
+    for run in (o for o in gc.get_objects() if isinstance(o, runtime.ActiveRun)):
+        assert run.diffusion_model is None and run.call is runtime.PASSTHROUGH
+        assert not run.cache._stores and not run.cache._entries

@@ -76,10 +76,12 @@ class RunSpec:
                             frames=self.frames)
 
     def run(self, model: Any) -> torch.Tensor:
+        """As ComfyUI's executor runs a node: under torch.inference_mode (execution.py)."""
         job = self.job()
-        if self.advanced is None:
-            return job.run(model)
-        return job.run_advanced(model, *self.advanced)
+        with torch.inference_mode():
+            if self.advanced is None:
+                return job.run(model)
+            return job.run_advanced(model, *self.advanced)
 
 
 def draw(rng: random.Random) -> RunSpec:
@@ -228,11 +230,13 @@ class Driver:
 
     def run_interruptible(self, spec: RunSpec, model: Any) -> torch.Tensor | None:
         """The run; None when it was interrupted as asked. The interrupt is ComfyUI's own: the flag
-        that /interrupt sets, raised by the next ComfyUI op after the progress callback sets it."""
+        that /interrupt sets, raised by the next ComfyUI op or, as the server's progress hook does
+        (main.py), by the next progress update, whichever comes first."""
         if spec.interrupt_after is None or spec.interrupt_after >= spec.schedule_steps:
             return spec.run(model)
 
         def progress(value: int, total: int, preview: Any, **_: Any) -> None:
+            comfy.model_management.throw_exception_if_processing_interrupted()
             if value == spec.interrupt_after:
                 comfy.model_management.interrupt_current_processing(True)
 
