@@ -370,9 +370,8 @@ uses threshold 0.24, K 5, retention 0.1.
     return w
 
 
-def flux2_dev_teacache() -> Workflow:
-    w = Workflow("flux2_dev_teacache")
-    w.groups = {0: "Load models", 1: "Prompt and latent", 2: "Step cache", 3: "Sample and save"}
+def flux2_models_and_prompt(w: Workflow) -> tuple:
+    """FLUX.2 [dev]'s loaders (group 0) and a guided prompt (group 1): model, VAE, text, guided."""
     unet = w.add("UNETLoader", 0, unet_name="flux2_dev_fp8mixed.safetensors", weight_dtype="default")
     clip = w.add("CLIPLoader", 0, clip_name="mistral_3_small_flux2_fp8.safetensors", type="flux2",
                  device="default")
@@ -380,6 +379,13 @@ def flux2_dev_teacache() -> Workflow:
     text = w.add("CLIPTextEncode", 1, title="Prompt", clip=clip.out(),
                  text="a lighthouse on a basalt cliff at dusk, waves, long exposure photograph")
     guided = w.add("FluxGuidance", 1, conditioning=text.out(), guidance=4.0)
+    return unet, vae, text, guided
+
+
+def flux2_dev_teacache() -> Workflow:
+    w = Workflow("flux2_dev_teacache")
+    w.groups = {0: "Load models", 1: "Prompt and latent", 2: "Step cache", 3: "Sample and save"}
+    unet, vae, _text, guided = flux2_models_and_prompt(w)
     latent = w.add("EmptyFlux2LatentImage", 1, width=1024, height=1024, batch_size=1)
     cache = w.add("ApplyTeaCache", 2, model=unet.out(), threshold=0.1, start_percent=0.0, end_percent=1.0,
                   max_consecutive_skips=3, cache_device="main_device", variant="auto")
@@ -416,13 +422,7 @@ skipped steps. For calibrated constants use **flux2_dev_calibrate_magcache**.
 def flux2_dev_calibrate_magcache() -> Workflow:
     w = Workflow("flux2_dev_calibrate_magcache")
     w.groups = {0: "Load models", 1: "Prompt and latent", 2: "Calibrate (first run)", 3: "Sample with the cache"}
-    unet = w.add("UNETLoader", 0, unet_name="flux2_dev_fp8mixed.safetensors", weight_dtype="default")
-    clip = w.add("CLIPLoader", 0, clip_name="mistral_3_small_flux2_fp8.safetensors", type="flux2",
-                 device="default")
-    vae = w.add("VAELoader", 0, vae_name="flux2-vae.safetensors")
-    text = w.add("CLIPTextEncode", 1, title="Prompt", clip=clip.out(),
-                 text="a lighthouse on a basalt cliff at dusk, waves, long exposure photograph")
-    guided = w.add("FluxGuidance", 1, conditioning=text.out(), guidance=4.0)
+    unet, vae, text, guided = flux2_models_and_prompt(w)
     negative = w.add("ConditioningZeroOut", 1, title="Negative (unused at cfg 1)", conditioning=text.out())
     latent = w.add("EmptyFlux2LatentImage", 1, width=1024, height=1024, batch_size=1)
     calibrate = w.add("MagCacheCalibrate", 2, model=unet.out(), positive=guided.out(), negative=negative.out(),
