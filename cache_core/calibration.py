@@ -85,10 +85,12 @@ class ResidualRecorder:
 
     def _measure(self, step: int, branch: int, current: torch.Tensor, previous: torch.Tensor) -> StepMeasure:
         ratios = current.norm(dim=-1) / previous.norm(dim=-1).clamp_min(1e-12)
-        cosine = torch.nn.functional.cosine_similarity(current.reshape(1, -1), previous.reshape(1, -1)).item()
-        change = ((current - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)).item()
+        cosine = torch.nn.functional.cosine_similarity(current.reshape(1, -1), previous.reshape(1, -1))[0]
+        change = (current - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)
+        # One transfer to the host for the four figures, not one sync each.
+        mean, spread, cosine, change = torch.stack([ratios.mean(), ratios.std(), cosine, change]).tolist()
         return StepMeasure(
-            step=step, branch=branch, magnitude_ratio=ratios.mean().item(), ratio_spread=ratios.std().item(),
+            step=step, branch=branch, magnitude_ratio=mean, ratio_spread=spread,
             cosine_distance=1.0 - cosine, residual_change=change, signal_change=self._signal.get((step, branch)),
         )
 

@@ -632,6 +632,16 @@ def _demo_inputs(w: Workflow, subject: str) -> tuple[Node, Node, Node, Node]:
     return model, positive, negative, latent
 
 
+def _demo_sample_and_save(w: Workflow, model: Node, positive: Node, negative: Node, latent: Node,
+                          prefix: str) -> None:
+    """KSampler (euler 30 steps, cfg 4), the demo decoder and SaveImage, in group 2."""
+    sampler = w.add("KSampler", 2, model=model.out(), positive=positive.out(), negative=negative.out(),
+                    latent_image=latent.out(), seed=1000, steps=30, cfg=4.0, sampler_name="euler",
+                    scheduler="simple", denoise=1.0)
+    decode = w.add("StepCacheDemoDecode", 2, samples=sampler.out())
+    w.add("SaveImage", 2, images=decode.out(), filename_prefix=prefix)
+
+
 DEMO_FILES = """
 **Files**: none. The built-in model (2.3 M parameters, a FLUX-architecture model trained on simple
 shapes, shipped with the pack) runs on a CPU in seconds.
@@ -643,11 +653,7 @@ def demo_image_magcache() -> Workflow:
     w.groups = {0: "Built-in model, no downloads", 1: "Step cache", 2: "Sample and save"}
     model, positive, negative, latent = _demo_inputs(w, "disc")
     cache = w.add("ApplyMagCache", 1, model=model.out(), **MAGCACHE_DEFAULTS)
-    sampler = w.add("KSampler", 2, model=cache.out(), positive=positive.out(), negative=negative.out(),
-                    latent_image=latent.out(), seed=1000, steps=30, cfg=4.0, sampler_name="euler",
-                    scheduler="simple", denoise=1.0)
-    decode = w.add("StepCacheDemoDecode", 2, samples=sampler.out())
-    w.add("SaveImage", 2, images=decode.out(), filename_prefix="stepcache_demo_magcache")
+    _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_demo_magcache")
     w.note(f"""
 ## StepCache demo: MagCache on the built-in model
 
@@ -667,11 +673,7 @@ def demo_image_teacache() -> Workflow:
     model, positive, negative, latent = _demo_inputs(w, "disc")
     cache = w.add("ApplyTeaCache", 1, model=model.out(), threshold=0.2, start_percent=0.0, end_percent=1.0,
                   max_consecutive_skips=3, cache_device="main_device", variant="auto")
-    sampler = w.add("KSampler", 2, model=cache.out(), positive=positive.out(), negative=negative.out(),
-                    latent_image=latent.out(), seed=1000, steps=30, cfg=4.0, sampler_name="euler",
-                    scheduler="simple", denoise=1.0)
-    decode = w.add("StepCacheDemoDecode", 2, samples=sampler.out())
-    w.add("SaveImage", 2, images=decode.out(), filename_prefix="stepcache_demo")
+    _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_demo")
     w.note(f"""
 ## StepCache demo: TeaCache on the built-in model
 
@@ -693,11 +695,7 @@ def demo_image_calibrate_magcache() -> Workflow:
     w.add("PreviewAny", 1, title="Calibration report", source=calibrate.out(2))
     cache = w.add("ApplyMagCache", 2, model=model.out(), ratios=calibrate.out(1), threshold=0.1,
                   max_consecutive_skips=3, retention_ratio=0.2, cache_device="main_device", variant="auto")
-    sampler = w.add("KSampler", 2, model=cache.out(), positive=positive.out(), negative=negative.out(),
-                    latent_image=latent.out(), seed=1000, steps=30, cfg=4.0, sampler_name="euler",
-                    scheduler="simple", denoise=1.0)
-    decode = w.add("StepCacheDemoDecode", 2, samples=sampler.out())
-    w.add("SaveImage", 2, images=decode.out(), filename_prefix="stepcache_calibrated")
+    _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_calibrated")
     w.note(f"""
 ## StepCache demo: calibrate MagCache, then sample with it
 
