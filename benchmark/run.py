@@ -1,13 +1,17 @@
 """StepCache speed/quality benchmark, in one process of the real ComfyUI.
 
     ./dev bench            full sweep (results: bench-out/results.md, .json, speed_quality.png,
-                           and a copy in docs/benchmark.md + docs/benchmark.png); about 50 min
-                           on 2 busy CPU cores (--reps 1 about halves the sweep part)
-    ./dev bench --quick    reduced sweep to check the plumbing (bench-out/ only); under 2 min
+                           and a copy in docs/benchmark.md + docs/benchmark.png); hours on 2 busy
+                           CPU cores (--reps 1 about halves the sweep part)
+    ./dev bench --quick    reduced sweep to check the plumbing (bench-out/ only); a few minutes
+    ./dev bench --quality-only --kinds image --samplers euler --methods magcache \
+                --variants estimators --only "published"      quality and skip counts only,
+                           no timing (deterministic, valid on a busy machine); bench-out/ only
     ./dev bench --from-json bench-out/results.json   rewrite report and plot, run nothing
 
-On the reference image model (demo.models.load_model("image")): uncached, ApplyTeaCache and
-ApplyMagCache at threshold sweeps with the published and with a calibrated set of constants,
+On the reference models (demo.models.load_model("image") and ("video")): uncached, ApplyTeaCache
+and ApplyMagCache at threshold sweeps with the published and with a calibrated set of constants,
+each combined with the estimator variants (estimator, separate CFG branches, first-block check),
 and ComfyUI's native EasyCache and LazyCache, at euler 30 steps and dpmpp_2m 20 steps (cfg 4).
 Then the pack's cost when it skips nothing, on a larger random-weight FLUX-class model.
 See docs/benchmark.md for what is measured and how.
@@ -16,6 +20,7 @@ See docs/benchmark.md for what is measured and how.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import logging
 import os
@@ -41,6 +46,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cfg", type=float, default=4.0)
     parser.add_argument("--samplers", nargs="*", choices=["euler", "dpmpp_2m"], default=None,
                         help="only these sampler settings (default both)")
+    parser.add_argument("--kinds", nargs="*", choices=["image", "video"], default=None,
+                        help="reference models (default both)")
+    parser.add_argument("--quality-only", action="store_true",
+                        help="no timing: one cached run per pair (skip counts and quality are deterministic)")
+    parser.add_argument("--variants", choices=["reuse", "estimators", "all"], default=None,
+                        help="estimator/CFG-branch/check variants swept beside the thresholds "
+                        "(default all; quick reuse)")
+    parser.add_argument("--only", default=None, metavar="REGEX",
+                        help="only configurations whose label matches (e.g. 'MagCache \\(published\\)')")
+    parser.add_argument("--methods", nargs="*", choices=["teacache", "magcache", "easycache", "lazycache"],
+                        default=None, help="only these methods (default all)")
+    parser.add_argument("--constants", nargs="*", choices=["published", "calibrated"], default=None,
+                        help="the pack's constants (default both)")
+    parser.add_argument("--teacache-thresholds", type=float, nargs="*", default=None)
+    parser.add_argument("--magcache-thresholds", type=float, nargs="*", default=None)
+    parser.add_argument("--magcache-ks", type=int, nargs="*", default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier timings)")
     parser.add_argument("--no-overhead", action="store_true", help="skip the large-model no-skip overhead part")
     parser.add_argument("--no-sweep", action="store_true", help="only the large-model overhead part")
@@ -84,7 +105,7 @@ def main(argv: list[str]) -> int:
 
     from harness import host
 
-    h = host.boot()
+    host.boot()
     import comfy.utils
     import torch
 
@@ -98,13 +119,21 @@ def main(argv: list[str]) -> int:
     def progress(text: str) -> None:
         print(text, flush=True)
 
-    plan = configs.make_plan(args.quick, args.classes, args.seeds, args.batch, args.reps, args.cfg, args.samplers)
-    bench = runner.Bench()
-    settings_out = [] if args.no_sweep else [runner.run_setting(bench, plan, setting, progress)
-                                             for setting in plan.settings]
+    plan = configs.make_plan(args.quick, args.classes, args.seeds, args.batch, 0 if args.quality_only else args.reps,
+                             args.cfg, args.samplers, kinds=args.kinds, variants=args.variants, only=args.only,
+                             methods=args.methods, constants=args.constants,
+                             teacache_thresholds=args.teacache_thresholds,
+                             magcache_thresholds=args.magcache_thresholds, magcache_ks=args.magcache_ks)
+    settings_out = []
+    models_out = {}
+    for kind in [] if args.no_sweep else plan.kinds:
+        bench = runner.Bench(kind)
+        models_out[kind] = describe_model(bench, kind)
+        settings_out += [runner.run_setting(bench, plan, setting, progress) for setting in plan.settings]
+        bench.close()
 
     overhead_out = None
-    if not args.no_overhead:
+    if not args.no_overhead and not args.quality_only:
         spec = overhead.OverheadSpec(
             hidden=args.overhead_hidden or (256 if args.quick else 512),
             depth=(args.overhead_depth or ((2, 4) if args.quick else (4, 8)))[0],
@@ -117,9 +146,6 @@ def main(argv: list[str]) -> int:
 
     import comfyui_version
 
-    models = h.pack_module("demo.models")
-    weights = models.weights_path("image")
-    _, metadata = models.read_weights(weights)
     data = {
         "meta": {
             "command": "./dev bench" + "".join(" " + shlex.quote(a) for a in argv),
@@ -129,9 +155,9 @@ def main(argv: list[str]) -> int:
             "load_start": load_start,
             "load_end": " ".join(f"{v:.2f}" for v in os.getloadavg()),
             "comfyui_version": comfyui_version.__version__,
-            "model": f"{weights.relative_to(REPO_ROOT)}, {models.parameter_count(bench.base):,} parameters, "
-                     f"train_steps {metadata.get('train_steps', '?')}",
+            "models": models_out,
             "quick": args.quick,
+            "quality_only": args.quality_only,
             "plan": {
                 "classes": sorted({p.class_index for p in plan.pairs}), "seeds": sorted({p.seed for p in plan.pairs}),
                 "batch": args.batch, "images": len(plan.pairs) * args.batch,
@@ -139,13 +165,15 @@ def main(argv: list[str]) -> int:
                 "teacache_thresholds": plan.teacache_thresholds, "teacache_k": plan.teacache_k,
                 "magcache_thresholds": plan.magcache_thresholds, "magcache_ks": plan.magcache_ks,
                 "magcache_retention": plan.magcache_retention, "native_thresholds": plan.native_thresholds,
-                "reps": plan.reps, "notes": plan.notes,
+                "reps": plan.reps, "notes": plan.notes, "kinds": plan.kinds,
+                "variants": [dataclasses.asdict(v) for v in plan.variants], "only": plan.only,
+                "methods": list(plan.methods), "constants": list(plan.constants),
             },
         },
         "settings": settings_out,
         "overhead": overhead_out,
     }
-    docs = args.docs if args.docs is not None else not args.quick
+    docs = args.docs if args.docs is not None else not (args.quick or args.quality_only or args.only)
     tgt = report.write(data, args.out, REPO_ROOT / "docs" if docs else None)
     print()
     print(report.print_targets(tgt))
@@ -153,6 +181,14 @@ def main(argv: list[str]) -> int:
           + (" and docs/benchmark.md, docs/benchmark.png" if docs else "")
           + f" in {(time.perf_counter() - started) / 60:.1f} min")
     return 0
+
+
+def describe_model(bench: object, kind: str) -> str:
+    models = bench.models
+    weights = models.weights_path(kind)
+    _, metadata = models.read_weights(weights)
+    return (f"{weights.relative_to(REPO_ROOT)}, {models.parameter_count(bench.base):,} parameters, "
+            f"train_steps {metadata.get('train_steps', '?')}")
 
 
 def rewrite(args: argparse.Namespace) -> int:

@@ -3,11 +3,17 @@
 - ``schedule``: where each step of a sampling run sits in the denoising (model time), and which
   step a model call belongs to.
 - ``ratios``: MagCache magnitude-ratio curves, resampled to any run's steps.
-- ``policies``: the skip/compute decisions of TeaCache and MagCache, per conditioning entry.
-- ``run_cache``: the state of one sampling run: decisions per call, residuals per call layout.
+- ``estimators``: what a skipped call returns (reuse, forecast, damped forecast), one module each.
+- ``policies``: the skip/compute decisions of TeaCache and MagCache, per conditioning entry, with
+  an error estimate that follows the estimator.
+- ``methods``: one settings object per method, building its run's policy and estimator.
+- ``history``: the residuals each entry keeps, and the estimate of a skipped call.
+- ``run_cache``: the state of one sampling run: decisions per call, residuals per entry.
 - ``stats``: what a run computed and skipped.
 """
 
+from .estimators import ESTIMATORS, Estimator, EstimatorSpec
+from .methods import MagCacheConfig, MeasureConfig, MethodConfig, TeaCacheConfig
 from .policies import CachePolicy, MagCachePolicy, TeaCachePolicy
 from .ratios import MagRatios
 from .run_cache import RunCache, StackCall
@@ -15,12 +21,19 @@ from .schedule import RunSchedule
 from .stats import RunStats
 
 __all__ = [
+    "ESTIMATORS",
     "CachePolicy",
+    "Estimator",
+    "EstimatorSpec",
+    "MagCacheConfig",
     "MagCachePolicy",
     "MagRatios",
+    "MeasureConfig",
+    "MethodConfig",
     "RunCache",
     "RunSchedule",
     "RunStats",
     "StackCall",
+    "TeaCacheConfig",
     "TeaCachePolicy",
 ]

@@ -1,7 +1,7 @@
 """Calibration: a model's own MagCache ratios and TeaCache polynomial, measured in a real run.
 
-A calibration run computes every step (``RunCache(measure=True)``) while a ``ResidualRecorder``
-watches it. Per step and CFG branch it keeps:
+A calibration run computes every step (``methods.MeasureConfig``) while a ``ResidualRecorder``,
+handed to that run's cache, watches it. Per step and CFG branch it keeps:
 
 - the MagCache magnitude ratio, mean over tokens of ||r_t|| / ||r_{t-1}|| of the stack residual r,
   with its spread (standard deviation over tokens) and the cosine distance between r_t and r_{t-1};
@@ -12,6 +12,8 @@ watches it. Per step and CFG branch it keeps:
 Only the first evaluation of each step is measured (multi-call samplers evaluate between steps).
 A ``Calibration`` also names the model it was measured on and the schedule it was measured with,
 and round-trips through JSON, refusing anything malformed with a message that says what is wrong.
+What a method needs of its calibration, and what it fits from the measurements, is the method's
+own (``methods.CALIBRATED_METHODS``).
 """
 
 from __future__ import annotations
@@ -24,15 +26,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from .methods import CALIBRATED_METHODS, CalibrationError
 from .ratios import MagRatios
 from .schedule import RunSchedule
 
 FORMAT_VERSION = 1
-METHODS = ("magcache", "teacache")
-
-
-class CalibrationError(ValueError):
-    """A calibration that cannot be used, with the reason in words."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +127,7 @@ class ScheduleInfo:
 
 @dataclass(frozen=True)
 class Calibration:
-    method: str  # "magcache" | "teacache"
+    method: str  # a key of methods.CALIBRATED_METHODS: "magcache" | "teacache"
     model: ModelIdentity
     schedule: ScheduleInfo
     measures: tuple[StepMeasure, ...]
@@ -162,7 +160,7 @@ class Calibration:
 
     def summary(self) -> str:
         lines = [
-            f"{'MagCache' if self.method == 'magcache' else 'TeaCache'} calibration of a {self.model.family} model "
+            f"{CALIBRATED_METHODS[self.method].display_name} calibration of a {self.model.family} model "
             f"({self.model.variant}, {self.model.model_class}, width {self.model.hidden_size}, "
             f"weights {self.model.fingerprint[:12]})",
             f"measured {self.created} over {self.runs} run(s): {self.schedule.steps} steps, {self.schedule.sampler} / "
@@ -184,7 +182,7 @@ class Calibration:
     # -- checks ----------------------------------------------------------------------------
 
     def validate(self) -> None:
-        if self.method not in METHODS:
+        if self.method not in CALIBRATED_METHODS:
             raise CalibrationError(f"unknown calibration method {self.method!r}")
         steps = self.schedule.steps
         if steps < 2 or len(self.schedule.progress) != steps:
@@ -204,13 +202,7 @@ class Calibration:
             missing = sorted(set(range(1, steps)) - seen)
             if missing:
                 raise CalibrationError(f"branch {branch} misses steps {missing[:5]}")
-        if self.method == "teacache":
-            if self.coefficients is None or len(self.coefficients) < 2:
-                raise CalibrationError("a TeaCache calibration needs its fitted coefficients")
-            if not all(math.isfinite(c) for c in self.coefficients):
-                raise CalibrationError("the TeaCache coefficients are not finite")
-            if not self.fit_points or not all(math.isfinite(v) for point in self.fit_points for v in point):
-                raise CalibrationError("a TeaCache calibration needs the finite points it was fitted on")
+        CALIBRATED_METHODS[self.method].check_calibration(self)
 
     # -- JSON ------------------------------------------------------------------------------
 

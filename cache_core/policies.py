@@ -1,26 +1,38 @@
-"""Skip/compute decisions of TeaCache and MagCache.
+"""Skip/compute decisions: TeaCache, MagCache, and the measuring policy of calibration runs.
 
 A policy is built for one sampling run (it precomputes per-step tables from the run's schedule)
-and keeps its accumulators in an ``EntryState`` per conditioning entry: each CFG branch, and each
-area or mask conditioning batched beside it, decides from its own history. Decisions are taken
-once per step and entry, in plain Python floats; the only tensor work is the TeaCache signal,
-which the caller reduces to one float per entry.
+together with the run's estimator, and keeps the decision state of each conditioning entry (each
+CFG branch, and each area or mask conditioning batched beside it) in its own state object, which
+it creates and resets. Decisions are taken once per step and entry, in plain Python floats; the
+only tensor work is the TeaCache signal, which the caller reduces to one float per entry.
+
+**The error follows the estimator.** Both rules estimate what skipping costs from a model of the
+residual's path between computed steps: MagCache from its calibrated magnitude (and, when
+measured, angle) curve, TeaCache from its accumulated, rescaled input change. Reusing the last
+residual errs by how far the path moved since the last computed step (the first difference);
+a forecast errs by how far it left the forecast's curve (for a first-order forecast, the second
+difference). So a rule applies the estimator's own weights to its path model,
+error = |z(t) - sum_i w_i z(t_i)| (relative to the last computed |z|), which for reuse is
+exactly the published rule. What the path model cannot see (a residual that turns where its
+calibration measured none) is what the first-block check of run_cache.py measures instead.
 """
 
 from __future__ import annotations
 
+import cmath
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .estimators import Estimator, ReuseEstimator
 from .ratios import MagRatios
 from .schedule import RunSchedule
 
 
 @dataclass
 class EntryState:
-    """Decision state of one conditioning entry over one run."""
+    """Decision state of one conditioning entry over one run; each policy extends it."""
 
     branch: int  # 0 = cond, 1 = uncond (ComfyUI's cond_or_uncond)
     decided_step: int = -1
@@ -30,35 +42,51 @@ class EntryState:
     steps_skipped: int = 0
     # One character per decided step: "C" computed, "S" skipped (for the log, UI and tests).
     outcomes: list[str] = field(default_factory=list)
-    # TeaCache: rescaled relative change accumulated since the last computed step.
-    accumulated: float = 0.0
-    # MagCache: product of magnitude ratios, angle turned and accumulated error since the last
-    # computed step.
-    ratio: float = 1.0
-    angle: float = 0.0
-    error: float = 0.0
+    # A decision asked for ahead of the model call (separate CFG branches), kept for the call.
+    wanted_step: int = -1
+    want: bool = False
+    # The last computed steps (as many as the estimator keeps residuals), oldest first.
+    computed_steps: list[int] = field(default_factory=list)
+
+    def reset(self) -> None:
+        """A computed step: what the policy accumulated since the last one starts over."""
+
+    def trace(self) -> dict:
+        return {}
 
 
 class CachePolicy(ABC):
     """Decides, per step and conditioning entry, whether the block stack may be skipped."""
 
     name: str = ""
+    state_type: type[EntryState] = EntryState
+    # The decision needs the TeaCache signal of the call itself (so it cannot be taken ahead).
+    uses_signal: bool = False
 
-    def __init__(self, schedule: RunSchedule) -> None:
+    def __init__(self, schedule: RunSchedule, estimator: Estimator | None = None) -> None:
         self.schedule = schedule
+        self.estimator = estimator or ReuseEstimator()
+        self.times = schedule.step_times
+        self.never_skips_because: str | None = None  # set by policies that cannot skip at all
 
     @property
     @abstractmethod
     def can_skip(self) -> bool:
         """False when the settings can never skip (threshold 0): the run then does no cache work."""
 
-    def needs_signal(self, step: int) -> bool:
-        """Whether ``decide`` for this step uses the TeaCache input-change signal."""
-        return False
+    def new_state(self, branch: int) -> EntryState:
+        return self.state_type(branch=branch)
+
+    def decide(self, entry: EntryState, step: int, signal: float | None) -> bool:
+        """``wants_skip`` once per step: a decision taken ahead of the call is not taken twice."""
+        if entry.wanted_step != step:
+            entry.want = self.wants_skip(entry, step, signal)
+            entry.wanted_step = step
+        return entry.want
 
     @abstractmethod
     def wants_skip(self, entry: EntryState, step: int, signal: float | None) -> bool:
-        """Update the entry's accumulators for this step; True if it may reuse the cached residual."""
+        """Update the entry's accumulators for this step; True if it may skip the block stack."""
 
     def record(self, entry: EntryState, step: int, skipped: bool) -> None:
         """The outcome of the step for this entry (a batch computes if any entry in it must)."""
@@ -68,13 +96,25 @@ class CachePolicy(ABC):
         if skipped:
             entry.consecutive_skips += 1
             entry.steps_skipped += 1
-        else:
-            entry.consecutive_skips = 0
-            entry.steps_computed += 1
-            entry.accumulated = 0.0
-            entry.ratio = 1.0
-            entry.angle = 0.0
-            entry.error = 0.0
+            return
+        entry.consecutive_skips = 0
+        entry.steps_computed += 1
+        entry.reset()
+        computed = entry.computed_steps
+        if computed and computed[-1] == step:
+            return
+        computed.append(step)
+        if len(computed) > self.estimator.history:
+            del computed[0]
+        self.computed(entry, step)
+
+    def computed(self, entry: EntryState, step: int) -> None:  # noqa: B027 (an optional hook)
+        """Hook for policies that remember something of each computed step."""
+
+    def estimate_weights(self, entry: EntryState, step: int) -> tuple[float, ...]:
+        """The estimator's weights for skipping ``step``, on the entry's last computed steps."""
+        times = self.times
+        return self.estimator.weights([times[s] for s in entry.computed_steps], times[step])
 
 
 def evaluate_polynomial(coefficients: Sequence[float], x: float) -> float:
@@ -85,6 +125,21 @@ def evaluate_polynomial(coefficients: Sequence[float], x: float) -> float:
     return value
 
 
+@dataclass
+class TeaCacheState(EntryState):
+    # Rescaled relative change accumulated since the last computed step (what reuse gets wrong).
+    accumulated: float = 0.0
+    # The path: rescaled change accumulated over the whole run, now and at the computed steps.
+    path: float = 0.0
+    path_at_computed: list[float] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.accumulated = 0.0
+
+    def trace(self) -> dict:
+        return {"accumulated": self.accumulated, "path": self.path}
+
+
 class TeaCachePolicy(CachePolicy):
     """TeaCache (Liu et al., "Timestep Embedding Tells: It's Time to Cache", ali-vilab/TeaCache).
 
@@ -93,9 +148,16 @@ class TeaCachePolicy(CachePolicy):
     step reuses the cached residual, and crossing it computes and resets. The run's first and last
     steps always compute, as in the reference scripts; steps outside [start, end) (progress) and
     the ``max_consecutive_skips``-th skip in a row compute too.
+
+    With a forecast, the accumulated changes are a path D(t) (how far the residual moved, in
+    TeaCache's rescaled units, taken as one direction: a scalar signal has no other) and the error
+    is |D(t) - sum_i w_i D(t_i)| over the estimator's weights w_i; for reuse that is the
+    accumulator itself.
     """
 
     name = "TeaCache"
+    state_type = TeaCacheState
+    uses_signal = True
 
     def __init__(
         self,
@@ -105,8 +167,9 @@ class TeaCachePolicy(CachePolicy):
         start: float = 0.0,
         end: float = 1.0,
         max_consecutive_skips: int = 3,
+        estimator: Estimator | None = None,
     ) -> None:
-        super().__init__(schedule)
+        super().__init__(schedule, estimator)
         self.threshold = threshold
         # None: the raw signal (no published rescaling for this model).
         self.coefficients = tuple(coefficients) if coefficients is not None else None
@@ -120,20 +183,47 @@ class TeaCachePolicy(CachePolicy):
     def can_skip(self) -> bool:
         return self.threshold > 0.0 and self.max_consecutive_skips > 0 and any(self.active)
 
-    def needs_signal(self, step: int) -> bool:
-        # The signal of an inactive step still becomes the next step's reference.
-        return True
-
     def rescale(self, signal: float) -> float:
         if self.coefficients is None:
             return signal
         return evaluate_polynomial(self.coefficients, signal)
 
-    def wants_skip(self, entry: EntryState, step: int, signal: float | None) -> bool:
-        if not self.active[step] or signal is None:
+    def wants_skip(self, entry: TeaCacheState, step: int, signal: float | None) -> bool:
+        if signal is None:
             return False
-        entry.accumulated += self.rescale(signal)
-        return entry.accumulated < self.threshold and entry.consecutive_skips < self.max_consecutive_skips
+        change = self.rescale(signal)
+        entry.path += change
+        if not self.active[step]:
+            return False
+        entry.accumulated += change
+        if self.estimator.is_reuse:
+            error = entry.accumulated
+        else:
+            weights = self.estimate_weights(entry, step)
+            past = entry.path_at_computed[len(entry.path_at_computed) - len(weights):]
+            error = abs(entry.path - sum(w * d for w, d in zip(weights, past, strict=True)))
+        return error < self.threshold and entry.consecutive_skips < self.max_consecutive_skips
+
+    def computed(self, entry: TeaCacheState, step: int) -> None:
+        entry.path_at_computed.append(entry.path)
+        if len(entry.path_at_computed) > self.estimator.history:
+            del entry.path_at_computed[0]
+
+
+@dataclass
+class MagCacheState(EntryState):
+    # Product of magnitude ratios, angle turned and accumulated error since the last computed step.
+    ratio: float = 1.0
+    angle: float = 0.0
+    error: float = 0.0
+
+    def reset(self) -> None:
+        self.ratio = 1.0
+        self.angle = 0.0
+        self.error = 0.0
+
+    def trace(self) -> dict:
+        return {"error": self.error}
 
 
 class MagCachePolicy(CachePolicy):
@@ -150,9 +240,15 @@ class MagCachePolicy(CachePolicy):
     sqrt((1 - ratio)^2 + 2 ratio (1 - cos a)), which is |1 - ratio| when the direction holds (as
     published tables assume), and that is what the error accumulates. Magnitude alone misses how
     much a residual's direction moves; on the project's reference model it was the larger part.
+
+    That distance is |z(t) - z(t1)| / |z(t1)| for the residual's path in the plane,
+    z(t) = m(t) e^(i a(t)) (calibrated magnitude m, accumulated angle a). With a forecast, each
+    skipped step adds |z(t) - sum_i w_i z(t_i)| / |z(t_last)| instead: the estimator's own error on
+    the calibrated path.
     """
 
     name = "MagCache"
+    state_type = MagCacheState
 
     def __init__(
         self,
@@ -161,8 +257,9 @@ class MagCachePolicy(CachePolicy):
         threshold: float,
         max_consecutive_skips: int,
         retention_ratio: float,
+        estimator: Estimator | None = None,
     ) -> None:
-        super().__init__(schedule)
+        super().__init__(schedule, estimator)
         self.threshold = threshold
         self.max_consecutive_skips = max_consecutive_skips
         self.gammas = tuple(ratios.per_step(schedule, branch) for branch in range(ratios.branch_count))
@@ -173,40 +270,61 @@ class MagCachePolicy(CachePolicy):
         self.retained = tuple(
             schedule.step_midpoint(step) <= retention_ratio + 1e-9 for step in range(schedule.steps)
         )
+        self.paths = tuple(self._path(branch) for branch in range(len(self.gammas)))
+
+    def _path(self, branch: int) -> tuple[complex, ...]:
+        """z at every step of the run: cumulative log magnitude and angle, as one complex number."""
+        log_magnitude = angle = 0.0
+        path = []
+        for step, gamma in enumerate(self.gammas[branch]):
+            if step:
+                log_magnitude += math.log(gamma)
+                angle += self.angles[branch][step] if self.angles is not None else 0.0
+            path.append(cmath.rect(math.exp(log_magnitude), angle))
+        return tuple(path)
 
     @property
     def can_skip(self) -> bool:
         return self.threshold > 0.0 and self.max_consecutive_skips > 0 and not all(self.retained)
 
-    def wants_skip(self, entry: EntryState, step: int, signal: float | None) -> bool:
+    def wants_skip(self, entry: MagCacheState, step: int, signal: float | None) -> bool:
         if self.retained[step]:
             return False
         branch = min(entry.branch, len(self.gammas) - 1)
-        entry.ratio *= self.gammas[branch][step]
-        if self.angles is None:
-            entry.error += abs(1.0 - entry.ratio)
+        if self.estimator.is_reuse or not entry.computed_steps:
+            entry.ratio *= self.gammas[branch][step]
+            if self.angles is None:
+                entry.error += abs(1.0 - entry.ratio)
+            else:
+                entry.angle += self.angles[branch][step]
+                ratio = entry.ratio
+                entry.error += math.sqrt((1.0 - ratio) ** 2 + 2.0 * ratio * (1.0 - math.cos(entry.angle)))
         else:
-            entry.angle += self.angles[branch][step]
-            ratio = entry.ratio
-            entry.error += math.sqrt((1.0 - ratio) ** 2 + 2.0 * ratio * (1.0 - math.cos(entry.angle)))
+            path = self.paths[branch]
+            weights = self.estimate_weights(entry, step)
+            anchors = entry.computed_steps[len(entry.computed_steps) - len(weights):]
+            forecast = sum(w * path[s] for w, s in zip(weights, anchors, strict=True))
+            entry.error += abs(path[step] - forecast) / abs(path[anchors[-1]])
         return entry.error <= self.threshold and entry.consecutive_skips < self.max_consecutive_skips
 
 
 class NeverSkipPolicy(CachePolicy):
-    """Computes every step (calibration runs), measuring the TeaCache signal when asked."""
+    """Computes every step: calibration runs (measuring the TeaCache signal when asked), and runs
+    whose method has nothing to skip with (``never_skips_because`` says why)."""
 
     name = "measure"
 
-    def __init__(self, schedule: RunSchedule, measure_signal: bool = False) -> None:
+    def __init__(self, schedule: RunSchedule, measure_signal: bool = False, reason: str | None = None,
+                 name: str | None = None) -> None:
         super().__init__(schedule)
-        self.measure_signal = measure_signal
+        self.uses_signal = measure_signal
+        self.never_skips_because = reason
+        if name is not None:
+            self.name = name
 
     @property
     def can_skip(self) -> bool:
         return False
-
-    def needs_signal(self, step: int) -> bool:
-        return self.measure_signal
 
     def wants_skip(self, entry: EntryState, step: int, signal: float | None) -> bool:
         return False

@@ -1,95 +1,92 @@
 """The cache state of one sampling run.
 
 Created when a run starts, from that run's schedule, and closed when it ends; nothing in it
-outlives the run. Per model call it decides compute or skip for the whole block stack; per call
-layout it keeps the tensors:
+outlives the run. Per model call it decides compute or skip for the whole block stack; per
+conditioning entry (each CFG branch, and each area or mask conditioning batched beside it) it
+keeps the decision state (the policy's) and the residuals (stack output minus stack input) of the
+last computed calls, as many as the estimator uses, in that entry's rows:
 
-- a *call layout* is the tuple of conditioning entries a model call carries (cond and uncond
-  batched together, or one of them alone when ComfyUI evaluates them separately): its cached
-  residual (stack output minus stack input, rows in that order) and, for TeaCache, the previous
-  signal. A layout seen for the first time, or with another shape, computes.
-- each *conditioning entry* keeps its own accumulators (``policies.EntryState``). A call skips
-  only if every entry in it may skip; otherwise the batch computes and every entry in it counts
-  the step as computed, with a fresh residual.
+- a call skips only if every entry in it may skip and has a residual for this shape; otherwise
+  the batch computes and every entry in it counts the step as computed, with a fresh residual.
+  Because residuals are kept per entry, a branch computed in a batched call can be skipped in a
+  call of its own and the other way round (``plan_branches``: separate CFG branches).
+- a skipped call returns stack input + the estimator's weighted sum of the entry's residuals at
+  the call's model time (``history.estimate``).
+- with the first-block check on, a call the policy would skip first runs the head block for real
+  and compares the head block's residual with the estimator's forecast of it (from the head
+  block's residuals of the same computed calls): the skip goes ahead only where they agree; else
+  the call computes, continuing from the head block's output, so nothing is run twice.
 
 Hot path: one host sync per sampler evaluation (the current sigma, to find the step), one more
-per TeaCache decision (the signal), one copy of the stack input and one subtraction per computed
-call; a skipped call is one addition. Nothing else allocates per call.
+per TeaCache decision (the signal) and per checked call (the head block's error); one copy of the
+stack input and one subtraction per entry (into its preallocated slot) per computed call; a
+skipped call is one addition per entry for reuse, one weighted sum (float32) per entry for a
+forecast.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from . import history as history_ops
+from .history import ResidualHistory
 from .policies import CachePolicy, EntryState
 from .schedule import RunSchedule
 from .stats import BRANCH_NAMES, BranchStats, RunStats
 
+# The head block's residual is compared on at most this many values per row (a strided sample),
+# so checking costs little memory on large models.
+CHECK_SAMPLES = 8192
 
-class ResidualStore:
-    """Tensors of one call layout, optionally kept on another device (``cache_device``)."""
 
-    __slots__ = ("_host_buffer", "offload_device", "previous_signal", "residual")
+class Entry:
+    """One conditioning entry of the run: its decision state and its kept residuals."""
 
-    def __init__(self, offload_device: torch.device | None) -> None:
-        self.offload_device = offload_device
-        self.residual: torch.Tensor | None = None
-        self.previous_signal: torch.Tensor | None = None
-        self._host_buffer: torch.Tensor | None = None
+    __slots__ = ("branch", "head", "history", "key", "signal", "state")
 
-    def keep(self, residual: torch.Tensor) -> None:
-        device = self.offload_device
-        if device is None or residual.device == device:
-            self.residual = residual
-            return
-        buffer = self._host_buffer
-        if buffer is None or buffer.shape != residual.shape or buffer.dtype != residual.dtype:
-            # Pinned, so the copies both ways run asynchronously on the accelerator's stream.
-            buffer = torch.empty(
-                residual.shape, dtype=residual.dtype, device=device, pin_memory=residual.device.type == "cuda"
-            )
-            self._host_buffer = buffer
-        buffer.copy_(residual, non_blocking=True)
-        self.residual = buffer
-
-    def residual_like(self, stack_input: torch.Tensor) -> torch.Tensor | None:
-        residual = self.residual
-        if residual is None or residual.shape != stack_input.shape:
-            return None
-        if residual.device != stack_input.device:
-            residual = residual.to(stack_input.device, non_blocking=True)
-        return residual
-
-    def relative_changes(self, signal: torch.Tensor, chunks: int) -> list[float] | None:
-        """Per chunk (entry), mean|s - s_prev| / mean|s_prev|; remembers ``signal`` for next time."""
-        previous, self.previous_signal = self.previous_signal, signal
-        if previous is None or previous.shape != signal.shape or signal.shape[0] % chunks:
-            return None
-        current = signal.reshape(chunks, -1)
-        before = previous.reshape(chunks, -1)
-        change = (current - before).abs().mean(dim=1) / before.abs().mean(dim=1)
-        return change.float().tolist()  # the one host sync of a TeaCache decision
+    def __init__(self, key: Hashable, branch: int, state: EntryState, history: ResidualHistory,
+                 head: ResidualHistory | None) -> None:
+        self.key = key
+        self.branch = branch
+        self.state = state
+        self.history = history
+        self.head = head  # head-block residuals of the same computed calls (first-block check)
+        self.signal: torch.Tensor | None = None  # TeaCache: its rows of the last call's signal
 
     def clear(self) -> None:
-        self.residual = self.previous_signal = self._host_buffer = None
+        self.history.clear()
+        if self.head is not None:
+            self.head.clear()
+        self.signal = None
 
 
-@dataclass
+@dataclass(eq=False)
 class StackCall:
     """One model call, from the head of the block stack to its tail."""
 
     skip: bool
-    store: ResidualStore | None = None
-    layout: tuple = ()
-    branches: tuple[int, ...] = ()
-    # Compute: a private copy of the stack input (blocks of several families write into theirs).
+    entries: tuple[Entry, ...] = ()
+    step: int = 0
+    time: float = 0.0  # model time of the call
+    # Compute (and check): a private copy of the stack input (blocks of several families write
+    # into theirs).
     stack_input: torch.Tensor | None = None
-    # Skip: stack input + cached residual, the stack's output for this call.
+    # Skip: the stack's output for this call.
     cached_output: torch.Tensor | None = None
+    # The head block must run before the call is decided (``RunCache.after_head``).
+    checking: bool = False
+    # First-block check on: the head block's residual rows of a computed call, sampled.
+    head_residuals: list[torch.Tensor] | None = None
+
+    @property
+    def rows(self) -> int:
+        """Batch rows per entry."""
+        return self.stack_input.shape[0] // len(self.entries) if self.stack_input is not None else 0
 
 
 PASSTHROUGH = StackCall(skip=False)
@@ -105,6 +102,16 @@ class RunObserver(Protocol):
     def residual(self, step: int, branches: tuple[int, ...], residual: torch.Tensor) -> None: ...
 
 
+def sample_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """[rows, n] view of ``tensor``, strided down to about CHECK_SAMPLES values per row; the
+    stride is coprime with the last dimension so every channel is sampled."""
+    flat = tensor.reshape(rows, -1)
+    stride = max(1, flat.shape[1] // CHECK_SAMPLES)
+    while stride > 1 and math.gcd(stride, tensor.shape[-1]) != 1:
+        stride += 1
+    return flat[:, ::stride]
+
+
 class RunCache:
     """Decisions and residuals of one sampling run. Call ``close`` when the run ends."""
 
@@ -116,48 +123,101 @@ class RunCache:
         cache_device: torch.device | None = None,
         measure: bool = False,
         record_trace: bool = False,
+        observer: RunObserver | None = None,
+        check_tolerance: float | None = None,
+        head_cost: float = 0.0,
     ) -> None:
         self.schedule = schedule
         self.policy = policy
+        self.estimator = policy.estimator
         self.cache_device = cache_device
         # Measuring runs (calibration) compute residuals every step without ever skipping.
         self.measure = measure
-        self.disabled_reason: str | None = (
-            None if (policy.can_skip or measure) else "these settings never skip (threshold 0)"
-        )
+        self.observer = observer
+        if observer is not None:
+            observer.start(schedule)
+        # First-block check: the largest relative L1 error of the head block's forecast at which a
+        # skip goes ahead (None: off), and the head block's share of the stack's work.
+        self.check_tolerance = check_tolerance
+        self.head_cost = head_cost
+        reason = None
+        if not (policy.can_skip or measure):
+            reason = policy.never_skips_because or "these settings never skip (threshold 0)"
+        self.disabled_reason: str | None = reason
         self.trace: list[dict] | None = [] if record_trace else None
-        self.observer: RunObserver | None = None
-        self._entries: dict[Hashable, EntryState] = {}
-        self._stores: dict[tuple, ResidualStore] = {}
+        self._entries: dict[Hashable, Entry] = {}
         self._sigma_tensor: torch.Tensor | None = None
+        self._sigma_value = 0.0
         self._sigma_step = 0
         self.calls_computed = 0
         self.calls_skipped = 0
+        self.rows_computed = 0
+        self.rows_skipped = 0
+        self.rows_checked = 0  # skipped rows whose head block ran (the check's cost)
         self.current_step = 0
 
     @property
     def enabled(self) -> bool:
         return self.disabled_reason is None
 
+    @property
+    def checks(self) -> bool:
+        return self.check_tolerance is not None
+
     def disable(self, reason: str) -> None:
         """Stop skipping for the rest of the run (logged once by the caller)."""
         if self.disabled_reason is None:
             self.disabled_reason = reason
-            for store in self._stores.values():
-                store.clear()
+            for entry in self._entries.values():
+                entry.clear()
 
     def step_of(self, sigma: torch.Tensor) -> int:
         # ComfyUI hands every call of one sampler evaluation the same sigma tensor: one sync each.
         if sigma is not self._sigma_tensor:
             self._sigma_tensor = sigma
-            self._sigma_step = self.schedule.step_of(float(sigma.reshape(-1)[0]))
+            self._sigma_value = float(sigma.reshape(-1)[0])
+            self._sigma_step = self.schedule.step_of(self._sigma_value)
         return self._sigma_step
 
-    def _entry(self, key: Hashable, branch: int) -> EntryState:
+    def _entry(self, key: Hashable, branch: int) -> Entry:
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = EntryState(branch=branch)
+            capacity = self.estimator.history
+            entry = self._entries[key] = Entry(
+                key, branch, self.policy.new_state(branch), ResidualHistory(capacity, self.cache_device),
+                ResidualHistory(capacity) if self.checks else None)
         return entry
+
+    # Separate CFG branches ---------------------------------------------------------------
+
+    def plan_branches(self, sigma: torch.Tensor, branch_keys: Sequence[Sequence[Hashable]]) -> list[list[int]] | None:
+        """Before a sampler evaluation: which CFG branches (indices into ``branch_keys``, each the
+        conditioning entries of one branch) to evaluate in separate model calls so that a branch
+        that may skip does not compute because another must. Returns the groups, computing ones
+        first, or None for one call as usual.
+
+        A policy that decides from the call's own signal (TeaCache) cannot decide ahead: then every
+        branch gets a call of its own and decides there."""
+        present = [index for index, keys in enumerate(branch_keys) if keys]
+        if not self.enabled or self.measure or len(present) < 2:
+            return None
+        if self.policy.uses_signal:
+            return [[index] for index in present]
+        step = self.step_of(sigma)
+        skipping, computing = [], []
+        for index in present:
+            entries = [self._entry(key, index) for key in branch_keys[index]]
+            wants = all(
+                (e.state.skip if e.state.decided_step == step else self.policy.decide(e.state, step, None))
+                and e.history.count > 0
+                for e in entries
+            )
+            (skipping if wants else computing).append(index)
+        if not skipping or not computing:
+            return None
+        return [computing, skipping]
+
+    # The block stack ---------------------------------------------------------------------
 
     def begin(
         self,
@@ -171,77 +231,193 @@ class RunCache:
         if not self.enabled:
             return PASSTHROUGH
         step = self.current_step = self.step_of(sigma)
-        layout = tuple(keys)
-        store = self._stores.get(layout)
-        if store is None:
-            store = self._stores[layout] = ResidualStore(self.cache_device)
-        entries = [self._entry(key, branch) for key, branch in zip(keys, branches, strict=True)]
-        undecided = [e for e in entries if e.decided_step != step]
+        time = self.schedule.time_of(self._sigma_value, step)
+        entries = tuple(self._entry(key, branch) for key, branch in zip(keys, branches, strict=True))
+        if stack_input.shape[0] % len(entries):
+            raise ValueError(f"a batch of {stack_input.shape[0]} rows cannot hold {len(entries)} entries")
+        rows = stack_input.shape[0] // len(entries)
+        undecided = [e for e in entries if e.state.decided_step != step]
 
-        wants = [e.skip for e in entries]
+        wants = [e.state.skip for e in entries]
         if undecided:
             policy = self.policy
-            changes = None
-            if signal is not None and policy.needs_signal(step):
-                changes = store.relative_changes(signal(), len(entries))
-                if changes is not None and self.observer is not None:
-                    self.observer.signal_changes(step, tuple(branches), changes)
+            changes: list[float | None] | None = None
+            if signal is not None and policy.uses_signal:
+                changes = self._signal_changes(entries, signal(), step, branches)
             for index, entry in enumerate(entries):
-                if entry.decided_step != step:
+                if entry.state.decided_step != step:
                     change = changes[index] if changes is not None else None
-                    wants[index] = policy.wants_skip(entry, step, change)
+                    wants[index] = policy.decide(entry.state, step, change)
                     if self.trace is not None:
-                        self.trace.append({
-                            "step": step, "key": str(keys[index]), "branch": entry.branch, "signal": change,
-                            "accumulated": entry.accumulated, "error": entry.error, "wants_skip": wants[index],
-                        })
+                        self.trace.append({"step": step, "key": str(keys[index]), "branch": entry.branch,
+                                           "signal": change, "wants_skip": wants[index], **entry.state.trace()})
 
-        residual = store.residual_like(stack_input) if all(wants) and not self.measure else None
-        skip = residual is not None
+        row_like = stack_input[:rows]
+        skip = all(wants) and not self.measure and all(e.history.fits(row_like) for e in entries)
+        if skip and self.checks and undecided:
+            return StackCall(skip=False, entries=entries, step=step, time=time, stack_input=stack_input.clone(),
+                             checking=True)
         for entry in undecided:
-            self.policy.record(entry, step, skip)
-
+            self.policy.record(entry.state, step, skip)
         if skip:
             self.calls_skipped += 1
-            return StackCall(skip=True, store=store, cached_output=stack_input + residual)
+            self.rows_skipped += stack_input.shape[0]
+            return StackCall(skip=True, entries=entries, step=step, time=time,
+                             cached_output=self._estimate(entries, stack_input, rows, time))
         self.calls_computed += 1
-        return StackCall(
-            skip=False, store=store, layout=layout, branches=tuple(branches), stack_input=stack_input.clone()
-        )
+        self.rows_computed += stack_input.shape[0]
+        return StackCall(skip=False, entries=entries, step=step, time=time, stack_input=stack_input.clone())
+
+    def after_head(self, call: StackCall, head_output: torch.Tensor) -> StackCall:
+        """First-block check, after the head block ran on a call: its residual goes with the
+        call, and a call being checked is decided (skip: the returned call carries the output)."""
+        stack_input = call.stack_input
+        entries = call.entries
+        rows = call.rows
+        if head_output.shape != stack_input.shape:
+            call.head_residuals = None
+            if call.checking:  # cannot check this shape: compute
+                return self._checked(call, skip=False)
+            return call
+        residuals = [
+            torch.sub(sample_rows(head_output[i * rows:(i + 1) * rows], rows),
+                      sample_rows(stack_input[i * rows:(i + 1) * rows], rows))
+            for i in range(len(entries))
+        ]
+        call.head_residuals = residuals
+        if not call.checking:
+            return call
+        errors = []
+        for entry, residual in zip(entries, residuals, strict=True):
+            head = entry.head
+            if head is None or not head.fits(residual):
+                return self._checked(call, skip=False)
+            forecast = history_ops.weighted_sum(head.residuals(), self.estimator.weights(head.times, call.time),
+                                                residual.device)
+            errors.append((forecast - residual).abs().mean() / residual.abs().mean().clamp_min(1e-12))
+        measured = torch.stack(errors).float().tolist()  # the one host sync of a check
+        if self.trace is not None:
+            self.trace.append({"step": call.step, "check_errors": measured})
+        return self._checked(call, skip=all(e <= self.check_tolerance for e in measured))
+
+    def _checked(self, call: StackCall, skip: bool) -> StackCall:
+        call.checking = False
+        for entry in call.entries:
+            if entry.state.decided_step != call.step:
+                self.policy.record(entry.state, call.step, skip)
+        rows = call.stack_input.shape[0]
+        if not skip:
+            self.calls_computed += 1
+            self.rows_computed += rows
+            return call
+        self.calls_skipped += 1
+        self.rows_skipped += rows
+        self.rows_checked += rows
+        output = self._estimate(call.entries, call.stack_input, call.rows, call.time)
+        return StackCall(skip=True, entries=call.entries, step=call.step, time=call.time, cached_output=output)
+
+    def _estimate(self, entries: Sequence[Entry], stack_input: torch.Tensor, rows: int, time: float) -> torch.Tensor:
+        weights = self.estimator.weights
+        if len(entries) == 1:
+            kept = entries[0].history
+            return history_ops.estimate(stack_input, kept.residuals(), weights(kept.times, time))
+        output = torch.empty_like(stack_input)
+        for index, entry in enumerate(entries):
+            kept = entry.history
+            part = slice(index * rows, (index + 1) * rows)
+            history_ops.estimate(stack_input[part], kept.residuals(), weights(kept.times, time), out=output[part])
+        return output
+
+    def _signal_changes(self, entries: Sequence[Entry], signal: torch.Tensor, step: int,
+                        branches: Sequence[int]) -> list[float | None]:
+        """Per entry, mean|s - s_prev| / mean|s_prev| of its rows; remembers them for next time."""
+        rows = signal.shape[0] // len(entries)
+        measured, which = [], []
+        for index, entry in enumerate(entries):
+            current = signal[index * rows:(index + 1) * rows]
+            previous, entry.signal = entry.signal, current
+            if previous is not None and previous.shape == current.shape:
+                measured.append((current - previous).abs().mean() / previous.abs().mean())
+                which.append(index)
+        changes: list[float | None] = [None] * len(entries)
+        if measured:
+            for index, value in zip(which, torch.stack(measured).float().tolist(), strict=True):  # one sync
+                changes[index] = value
+            if self.observer is not None:
+                self.observer.signal_changes(step, tuple(branches[i] for i in which),
+                                             [changes[i] for i in which])
+        return changes
 
     def finish(self, call: StackCall, stack_output: torch.Tensor) -> None:
-        """At the tail of a computed call: keep stack output - stack input."""
-        if call.store is None or call.stack_input is None:
+        """At the tail of a computed call: keep each entry's stack output - stack input."""
+        if call.stack_input is None or not call.entries:
             return
+        rows = call.rows
         stack_input, call.stack_input = call.stack_input, None
+        head_residuals, call.head_residuals = call.head_residuals, None
         if stack_output.shape != stack_input.shape:
-            call.store.residual = None  # this layout cannot be cached; it keeps computing
+            for entry in call.entries:  # this shape cannot be cached; it keeps computing
+                entry.clear()
             return
-        residual = torch.sub(stack_output, stack_input, out=stack_input)  # reuses the copy's memory
-        if self.observer is not None:
-            self.observer.residual(self.current_step, call.branches, residual)
-        call.store.keep(residual)
+        # Residuals kept on another device (cache_device) are computed here first, into the copy.
+        offloaded = self.cache_device is not None and self.cache_device != stack_output.device
+        residual = torch.sub(stack_output, stack_input, out=stack_input) if offloaded else None
+        for index, entry in enumerate(call.entries):
+            part = slice(index * rows, (index + 1) * rows)
+            slot = entry.history.slot_for(stack_input[part], call.time)
+            if residual is None:
+                torch.sub(stack_output[part], stack_input[part], out=slot)
+            else:
+                slot.copy_(residual[part], non_blocking=True)
+            entry.history.commit(slot, call.time)
+            if entry.head is not None:
+                if head_residuals is not None:
+                    entry.head.keep(head_residuals[index], call.time)
+                else:
+                    entry.head.clear()
+            if self.observer is not None:
+                self.observer.residual(call.step, (entry.branch,),
+                                       residual[part] if residual is not None else slot)
+
+    # Results -----------------------------------------------------------------------------
+
+    def held_tensors(self) -> list[tuple[str, int, torch.Tensor]]:
+        """What the cache holds now: (kind, branch, tensor) for every residual slot, head-block
+        residual and TeaCache signal (for the benchmark's memory probe; read only)."""
+        out = []
+        for entry in self._entries.values():
+            out += [("residual", entry.branch, slot) for slot in entry.history.slots]
+            if entry.head is not None:
+                out += [("head residual", entry.branch, slot) for slot in entry.head.slots]
+            if entry.signal is not None:
+                out.append(("teacache signal", entry.branch, entry.signal))
+        return out
 
     def stats(self) -> RunStats:
         by_branch: dict[int, list[EntryState]] = {}
         for entry in self._entries.values():
-            by_branch.setdefault(entry.branch, []).append(entry)
+            by_branch.setdefault(entry.branch, []).append(entry.state)
         branches = tuple(
             BranchStats(
                 branch=BRANCH_NAMES.get(branch, f"branch {branch}"),
-                entries=len(entries),
-                steps_computed=sum(e.steps_computed for e in entries),
-                steps_skipped=sum(e.steps_skipped for e in entries),
-                pattern="".join(entries[0].outcomes),
+                entries=len(states),
+                steps_computed=sum(s.steps_computed for s in states),
+                steps_skipped=sum(s.steps_skipped for s in states),
+                pattern="".join(states[0].outcomes),
             )
-            for branch, entries in sorted(by_branch.items())
+            for branch, states in sorted(by_branch.items())
         )
         return RunStats(
             method=self.policy.name,
+            estimator=self.estimator.describe(),
             steps=self.schedule.steps,
             branches=branches,
             calls_computed=self.calls_computed,
             calls_skipped=self.calls_skipped,
+            rows_computed=self.rows_computed,
+            rows_skipped=self.rows_skipped,
+            rows_checked=self.rows_checked,
+            head_cost=self.head_cost if self.checks else 0.0,
             disabled_reason=self.disabled_reason,
             trace=tuple(self.trace or ()),
         )
@@ -249,9 +425,8 @@ class RunCache:
     def close(self) -> RunStats:
         """Free every tensor of the run and return its statistics."""
         stats = self.stats()
-        for store in self._stores.values():
-            store.clear()
-        self._stores.clear()
+        for entry in self._entries.values():
+            entry.clear()
         self._entries.clear()
         self._sigma_tensor = None
         self.trace = None

@@ -79,6 +79,21 @@ class RunSchedule:
         count = bisect.bisect_right(self._search_keys, -(sigma - tolerance))
         return min(max(count - 1, 0), self.steps - 1)
 
+    @property
+    def step_times(self) -> tuple[float, ...]:
+        """Model time of each step's first call: its progress (what estimators extrapolate in)."""
+        return self.progress[:-1]
+
+    def time_of(self, sigma: float, step: int) -> float:
+        """Model time of a call at ``sigma`` within ``step``: progress, linear in sigma inside the
+        step (second-order samplers evaluate between schedule sigmas)."""
+        high, low = self.sigmas[step], self.sigmas[step + 1]
+        if sigma >= high or high <= low:
+            return self.progress[step]
+        if sigma <= low:
+            return self.progress[step + 1]
+        return self.progress[step] + (self.progress[step + 1] - self.progress[step]) * (high - sigma) / (high - low)
+
     def step_midpoint(self, step: int) -> float:
         """Progress at the middle of a step; used for "the first fraction of the denoising"."""
         return 0.5 * (self.progress[step] + self.progress[step + 1])

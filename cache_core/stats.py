@@ -25,21 +25,38 @@ class BranchStats:
 
 @dataclass(frozen=True)
 class RunStats:
-    """Outcome of one sampling run: per-branch steps, and block-stack evaluations (model calls)."""
+    """Outcome of one sampling run: per-branch steps, and block-stack work.
+
+    Work is counted in block-stack *rows*: batch rows times calls, what an accelerator pays (a call
+    of cond and uncond batched is 2 rows per image). With the first-block check, a skipped row
+    whose head block ran costs ``head_cost`` of a row (the head block's share of the stack)."""
 
     method: str
     steps: int
     branches: tuple[BranchStats, ...] = ()
     calls_computed: int = 0
     calls_skipped: int = 0
+    rows_computed: int = 0
+    rows_skipped: int = 0
+    rows_checked: int = 0
+    head_cost: float = 0.0
+    estimator: str = "reuse"
     disabled_reason: str | None = None
     trace: tuple[dict, ...] = field(default=(), repr=False)
 
     @property
     def stack_speedup(self) -> float:
-        """Block-stack evaluations without the cache divided by those with it."""
+        """Block-stack evaluations (model calls) without the cache divided by those with it."""
         total = self.calls_computed + self.calls_skipped
         return total / self.calls_computed if self.calls_computed else 1.0
+
+    @property
+    def row_speedup(self) -> float:
+        """Block-stack rows without the cache divided by the rows computed, counting the head
+        blocks run by the first-block check at their share of a row."""
+        total = self.rows_computed + self.rows_skipped
+        work = self.rows_computed + self.rows_checked * self.head_cost
+        return total / work if work else 1.0
 
     def summary(self) -> str:
         if self.disabled_reason:
@@ -49,9 +66,14 @@ class RunStats:
             for b in self.branches
         ]
         calls = self.calls_computed + self.calls_skipped
+        rows = self.rows_computed + self.rows_skipped
+        method = self.method if self.estimator == "reuse" else f"{self.method} + {self.estimator}"
+        checked = (f", {self.rows_checked} checked by the first block (+{self.head_cost:.2g} row each)"
+                   if self.rows_checked else "")
         return (
-            f"{self.method}: " + ", ".join(parts or ["no model calls"])
-            + f"; block stack ran {self.calls_computed}/{calls} calls ({self.stack_speedup:.2f}x)"
+            f"{method}: " + ", ".join(parts or ["no model calls"])
+            + f"; block stack ran {self.calls_computed}/{calls} calls, {self.rows_computed}/{rows} rows{checked}"
+            + f" ({self.row_speedup:.2f}x)"
         )
 
     def as_dict(self) -> dict:
@@ -59,6 +81,7 @@ class RunStats:
         extra = {"trace": list(self.trace)} if self.trace else {}
         return extra | {
             "method": self.method,
+            "estimator": self.estimator,
             "steps": self.steps,
             "branches": [
                 {"branch": b.branch, "entries": b.entries, "steps_computed": b.steps_computed,
@@ -67,7 +90,12 @@ class RunStats:
             ],
             "calls_computed": self.calls_computed,
             "calls_skipped": self.calls_skipped,
+            "rows_computed": self.rows_computed,
+            "rows_skipped": self.rows_skipped,
+            "rows_checked": self.rows_checked,
+            "head_cost": round(self.head_cost, 6),
             "stack_speedup": round(self.stack_speedup, 4),
+            "row_speedup": round(self.row_speedup, 4),
             "disabled_reason": self.disabled_reason,
             "summary": self.summary(),
         }

@@ -1,14 +1,21 @@
-"""ApplyTeaCache and ApplyMagCache: MODEL in, MODEL out (ComfyUI V3 node schema)."""
+"""ApplyTeaCache and ApplyMagCache: MODEL in, MODEL out (ComfyUI V3 node schema).
+
+Each builds its method's settings object (cache_core.methods) and installs it; the inputs both
+share (estimator, separate CFG branches, first-block check) come last and are optional, so saved
+workflows from before they existed load with today's behaviour.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from comfy_api.latest import io
 
 from .. import families
-from ..cache_core import MagRatios
+from ..cache_core import EstimatorSpec, MagCacheConfig, MagRatios, MethodConfig, TeaCacheConfig
 from ..cache_core.calibration import Calibration
+from ..cache_core.estimators import MAX_ORDER
 from . import calibration_store
 from .runtime import CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
@@ -24,6 +31,60 @@ VARIANT_TOOLTIP = (
     "Which published constants to use. auto tells the variant from the loaded model and the run; "
     "pick one only for checkpoints that share an architecture (e.g. Wan 2.2 A14B vs Wan 2.1 14B)."
 )
+
+
+ESTIMATOR_OPTIONS = ["reuse", "forecast", "damped_forecast"]
+CFG_BRANCH_OPTIONS = ["together", "separate"]
+
+
+def estimator_inputs() -> list:
+    """The optional inputs both Apply nodes share, after their own."""
+    return [
+        io.Combo.Input(
+            "estimator", options=ESTIMATOR_OPTIONS, default="reuse", optional=True,
+            tooltip="What a skipped step uses in place of the block stack's output. reuse: the last computed "
+            "step's residual (the published methods). forecast: extrapolates the residual in model time "
+            "through the last computed steps (keeps forecast_order + 1 residuals per CFG branch). "
+            "damped_forecast: a first-order forecast that leans back towards reuse as a run of skipped "
+            "steps grows (keeps 2). The skip rule's error estimate follows the choice.",
+        ),
+        io.Int.Input("forecast_order", default=1, min=1, max=MAX_ORDER, optional=True,
+                     tooltip="estimator forecast: 1 continues a straight line through the last two computed "
+                     "steps, 2 a parabola through the last three (one more residual kept per CFG branch)."),
+        io.Float.Input("forecast_damping", default=0.5, min=0.0, max=1.0, step=0.05, optional=True,
+                       tooltip="estimator damped_forecast: how fast the forecast's step shrinks as the gap "
+                       "grows. 0 is the plain first-order forecast, 1 is reuse."),
+        io.Combo.Input(
+            "cfg_branches", options=CFG_BRANCH_OPTIONS, default="together", optional=True,
+            tooltip="together: cond and uncond (batched by ComfyUI) skip only when both may. separate: when "
+            "one may skip and the other must compute, they run as separate calls and only the one that "
+            "must computes (TeaCache: every step, as each branch decides from its own signal).",
+        ),
+        io.Float.Input(
+            "first_block_check", default=0.0, min=0.0, max=10.0, step=0.01, optional=True,
+            tooltip="0: off. Above 0, a step the rule would skip first runs the first block and compares its "
+            "real output with the estimator's forecast of it (relative mean absolute error); the step "
+            "skips only if the error is at most this value, else it computes. Costs one block per "
+            "skipped step; not available where a model family has no block hooks.",
+        ),
+    ]
+
+
+def shared_settings(estimator: str, forecast_order: int, forecast_damping: float, cfg_branches: str,
+                    first_block_check: float) -> dict:
+    """MethodConfig fields from the shared inputs."""
+    return {
+        "estimator": EstimatorSpec(estimator, order=forecast_order, damping=forecast_damping),
+        "separate_branches": cfg_branches == "separate",
+        "check_tolerance": first_block_check if first_block_check > 0.0 else None,
+    }
+
+
+def check_shared_inputs(estimator: str = "reuse", forecast_order: int = 1, **_: object) -> str | None:
+    if estimator == "damped_forecast" and forecast_order != 1:
+        return ("forecast_order applies to estimator forecast; damped_forecast is first order "
+                f"(set forecast_order to 1, not {forecast_order})")
+    return None
 
 
 def variant_options(kind: str) -> list[str]:
@@ -49,11 +110,12 @@ def check_variant(family: families.Family, variant: str, node: str) -> None:
         )
 
 
-def calibration_for(method: str, node: str, model: object, family: families.Family,
+def calibration_for(config: MethodConfig, node: str, model: object, family: families.Family,
                     given: object | None) -> Calibration | None:
     """The calibration to use: the one connected (checked against this model), else a saved one."""
     if given is not None and not isinstance(given, Calibration):
         return None  # a plain table or polynomial, not tied to a model
+    method = config.calibration_method
     identity = calibration_store.model_identity(model, family, "auto")
     if given is not None:
         if given.method != method:
@@ -61,7 +123,7 @@ def calibration_for(method: str, node: str, model: object, family: families.Fami
         mismatch = given.model.mismatch(identity)
         if mismatch:
             raise ValueError(f"{node}: this calibration cannot be used here: {mismatch}. "
-                             f"Calibrate this model ({'MagCacheCalibrate' if method == 'magcache' else 'TeaCacheCalibrate'}).")
+                             f"Calibrate this model ({config.calibrate_node}).")
         return given
     saved = calibration_store.find(method, identity)
     if saved is not None:
@@ -104,6 +166,7 @@ class ApplyTeaCache(ValidatedNode):
                     "coefficients", optional=True,
                     tooltip="A polynomial from TeaCacheCalibrate (or typed in); overrides the published one. "
                     "Without it, a calibration saved for this model is used when there is one."),
+                *estimator_inputs(),
             ],
             outputs=[io.Model.Output()],
             hidden=[io.Hidden.unique_id],
@@ -114,31 +177,36 @@ class ApplyTeaCache(ValidatedNode):
         )
 
     @classmethod
-    def check_inputs(cls, start_percent: float = 0.0, end_percent: float = 1.0, **_: object) -> str | None:
+    def check_inputs(cls, start_percent: float = 0.0, end_percent: float = 1.0, **values: object) -> str | None:
         if start_percent >= end_percent:
             return f"start_percent ({start_percent}) must be below end_percent ({end_percent})"
-        return None
+        return check_shared_inputs(**values)
 
     @classmethod
     def execute(cls, model: object, threshold: float, start_percent: float, end_percent: float,
                 max_consecutive_skips: int, cache_device: str, variant: str = "auto",
-                coefficients: Calibration | tuple[float, ...] | None = None) -> io.NodeOutput:
+                coefficients: Calibration | tuple[float, ...] | None = None, estimator: str = "reuse",
+                forecast_order: int = 1, forecast_damping: float = 0.5, cfg_branches: str = "together",
+                first_block_check: float = 0.0) -> io.NodeOutput:
         family = resolve_family(model, "ApplyTeaCache")
         if family is None:
             return io.NodeOutput(model)
         check_variant(family, variant, "ApplyTeaCache")
-        calibration = calibration_for("teacache", "ApplyTeaCache", model, family, coefficients)
-        if calibration is not None:
-            coefficients = calibration.coefficients
-        elif coefficients is not None and not isinstance(coefficients, tuple):
-            raise ValueError("ApplyTeaCache: coefficients must come from TeaCacheCalibrate or "
-                             f"TeaCacheCoefficientsFromText, got {type(coefficients).__name__}")
-        settings = CacheSettings(
-            method="teacache", family=family.name, variant=variant, threshold=threshold,
-            max_consecutive_skips=max_consecutive_skips, start_percent=start_percent,
-            end_percent=end_percent, coefficients=coefficients, cache_device=cache_device,
-            node_id=cls.hidden.unique_id,
+        config = TeaCacheConfig(
+            threshold=threshold, max_consecutive_skips=max_consecutive_skips, start_percent=start_percent,
+            end_percent=end_percent,
+            **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, first_block_check),
         )
+        calibration = calibration_for(config, "ApplyTeaCache", model, family, coefficients)
+        if calibration is not None:
+            config = config.with_calibration(calibration)
+        elif coefficients is not None:
+            if not isinstance(coefficients, tuple):
+                raise ValueError("ApplyTeaCache: coefficients must come from TeaCacheCalibrate or "
+                                 f"TeaCacheCoefficientsFromText, got {type(coefficients).__name__}")
+            config = dataclasses.replace(config, coefficients=coefficients)
+        settings = CacheSettings(method=config, family=family.name, variant=variant, cache_device=cache_device,
+                                 node_id=cls.hidden.unique_id)
         return io.NodeOutput(install(model, settings, family))
 
 
@@ -171,6 +239,7 @@ class ApplyMagCache(ValidatedNode):
                     "ratios", optional=True,
                     tooltip="Magnitude ratios from MagCacheCalibrate (or typed in); override the published ones. "
                     "Without them, a calibration saved for this model is used when there is one."),
+                *estimator_inputs(),
             ],
             outputs=[io.Model.Output()],
             hidden=[io.Hidden.unique_id],
@@ -181,27 +250,35 @@ class ApplyMagCache(ValidatedNode):
         )
 
     @classmethod
+    def check_inputs(cls, **values: object) -> str | None:
+        return check_shared_inputs(**values)
+
+    @classmethod
     def execute(cls, model: object, threshold: float, max_consecutive_skips: int, retention_ratio: float,
-                cache_device: str, variant: str = "auto",
-                ratios: Calibration | MagRatios | None = None) -> io.NodeOutput:
+                cache_device: str, variant: str = "auto", ratios: Calibration | MagRatios | None = None,
+                estimator: str = "reuse", forecast_order: int = 1, forecast_damping: float = 0.5,
+                cfg_branches: str = "together", first_block_check: float = 0.0) -> io.NodeOutput:
         family = resolve_family(model, "ApplyMagCache")
         if family is None:
             return io.NodeOutput(model)
         check_variant(family, variant, "ApplyMagCache")
-        calibration = calibration_for("magcache", "ApplyMagCache", model, family, ratios)
+        config = MagCacheConfig(
+            threshold=threshold, max_consecutive_skips=max_consecutive_skips, retention_ratio=retention_ratio,
+            **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, first_block_check),
+        )
+        calibration = calibration_for(config, "ApplyMagCache", model, family, ratios)
         if calibration is not None:
-            ratios = calibration.mag_ratios()
-        elif ratios is not None and not isinstance(ratios, MagRatios):
-            raise ValueError("ApplyMagCache: ratios must come from MagCacheCalibrate or MagCacheRatiosFromText, "
-                             f"got {type(ratios).__name__}")
-        if ratios is None and not any(v.magcache is not None for v in family.variants):
+            config = config.with_calibration(calibration)
+        elif ratios is not None:
+            if not isinstance(ratios, MagRatios):
+                raise ValueError("ApplyMagCache: ratios must come from MagCacheCalibrate or MagCacheRatiosFromText, "
+                                 f"got {type(ratios).__name__}")
+            config = dataclasses.replace(config, ratios=ratios)
+        if config.ratios is None and not any(v.magcache is not None for v in family.variants):
             raise ValueError(
                 f"ApplyMagCache: no MagCache ratios are published for {family.name} models. Measure them "
                 f"once with MagCacheCalibrate and connect its ratios output here."
             )
-        settings = CacheSettings(
-            method="magcache", family=family.name, variant=variant, threshold=threshold,
-            max_consecutive_skips=max_consecutive_skips, retention_ratio=retention_ratio,
-            ratios=ratios, cache_device=cache_device, node_id=cls.hidden.unique_id,
-        )
+        settings = CacheSettings(method=config, family=family.name, variant=variant, cache_device=cache_device,
+                                 node_id=cls.hidden.unique_id)
         return io.NodeOutput(install(model, settings, family))

@@ -12,24 +12,23 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import uuid
 
 import comfy.samplers
 import nodes as comfy_nodes
 from comfy_api.latest import io
 
 from .. import families
+from ..cache_core import MagCacheConfig, MeasureConfig, MethodConfig, TeaCacheConfig
 from ..cache_core.calibration import (
     Calibration,
     CalibrationError,
     ResidualRecorder,
     ScheduleInfo,
     fit_teacache_polynomial,
-    teacache_fit_points,
 )
 from ..cache_core.ratios import MagRatios
 from . import calibration_store
-from .runtime import OBSERVERS, CacheSettings, install
+from .runtime import CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
 from .validation import ValidatedNode
 
@@ -70,22 +69,18 @@ def detect_variant(family: families.Family, model: object, positive: list, negat
     return family.detect_variant(model.model, context)
 
 
-def measure(node: str, method: str, model: object, seed: int, steps: int, cfg: float, sampler_name: str,
-            scheduler: str, positive: list, negative: list, latent_image: dict, denoise: float
+def measure(node: str, method: type[MethodConfig], model: object, seed: int, steps: int, cfg: float,
+            sampler_name: str, scheduler: str, positive: list, negative: list, latent_image: dict, denoise: float
             ) -> tuple[dict, Calibration]:
-    """Sample once with every step computed and measured; returns the LATENT and the calibration."""
+    """Sample once with every step computed and measured; returns the LATENT and the calibration
+    of ``method`` (a MethodConfig class with a calibration, e.g. MagCacheConfig)."""
     family = families.family_for(model.model)
     if family is None:
         raise ValueError(f"{node}: {families.unsupported_reason(model.model)}; there is nothing to calibrate")
     recorder = ResidualRecorder(channels_last=not family.caches_in_output_space)
-    key = uuid.uuid4().hex
-    OBSERVERS[key] = recorder
-    try:
-        measuring = install(model, CacheSettings(method="measure", family=family.name, calibration_key=key), family)
-        (latent,) = comfy_nodes.common_ksampler(measuring, seed, steps, cfg, sampler_name, scheduler, positive,
-                                                negative, latent_image, denoise=denoise)
-    finally:
-        OBSERVERS.pop(key, None)
+    measuring = install(model, CacheSettings(method=MeasureConfig(), family=family.name), family, observer=recorder)
+    (latent,) = comfy_nodes.common_ksampler(measuring, seed, steps, cfg, sampler_name, scheduler, positive,
+                                            negative, latent_image, denoise=denoise)
     if recorder.schedule is None:
         raise ValueError(f"{node}: the sampler never ran the model, so nothing was measured")
     variant = detect_variant(family, model, positive, negative, latent_image, steps)
@@ -96,11 +91,9 @@ def measure(node: str, method: str, model: object, seed: int, steps: int, cfg: f
     )
     identity = calibration_store.model_identity(model, family, variant)
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    points = teacache_fit_points(measures) if method == "teacache" else ()
     try:
-        coefficients = fit_teacache_polynomial(points) if method == "teacache" else None
-        calibration = Calibration(method=method, model=identity, schedule=schedule, measures=measures,
-                                  coefficients=coefficients, fit_points=points, created=created)
+        calibration = Calibration(method=method.calibration_method, model=identity, schedule=schedule,
+                                  measures=measures, created=created, **method.fitted(measures))
     except CalibrationError as error:
         raise ValueError(f"{node}: the measurement cannot be used: {error}") from error
     return latent, calibration
@@ -139,7 +132,7 @@ class MagCacheCalibrate(ValidatedNode):
     def execute(cls, model: object, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
                 positive: list, negative: list, latent_image: dict, denoise: float,
                 save_calibration: bool) -> io.NodeOutput:
-        latent, calibration = measure("MagCacheCalibrate", "magcache", model, seed, steps, cfg, sampler_name,
+        latent, calibration = measure("MagCacheCalibrate", MagCacheConfig, model, seed, steps, cfg, sampler_name,
                                       scheduler, positive, negative, latent_image, denoise)
         report, ui = finish("MagCacheCalibrate", calibration, save_calibration)
         return io.NodeOutput(latent, calibration, report, ui=ui)
@@ -171,7 +164,7 @@ class TeaCacheCalibrate(ValidatedNode):
     def execute(cls, model: object, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
                 positive: list, negative: list, latent_image: dict, denoise: float, save_calibration: bool,
                 add_to: Calibration | None = None) -> io.NodeOutput:
-        latent, calibration = measure("TeaCacheCalibrate", "teacache", model, seed, steps, cfg, sampler_name,
+        latent, calibration = measure("TeaCacheCalibrate", TeaCacheConfig, model, seed, steps, cfg, sampler_name,
                                       scheduler, positive, negative, latent_image, denoise)
         if add_to is not None:
             calibration = merge("TeaCacheCalibrate", add_to, calibration)

@@ -5,15 +5,22 @@ How it plugs in (ComfyUI's public patch points only, nothing of ComfyUI's code c
 - ``install`` clones the MODEL and stores a tensor-free ``CacheSettings`` in its
   transformer_options, an OUTER_SAMPLE wrapper, and a ``patches_replace["dit"]`` hook on every
   block of the stack (families without block hooks get a DIFFUSION_MODEL wrapper instead, which
-  caches the whole model's output; see families/output_space.py).
+  caches the whole model's output; see families/output_space.py). With separate CFG branches, a
+  CALC_COND_BATCH wrapper also splits a sampler evaluation into one call per group of branches
+  when one branch may skip and another must compute.
 - ``outer_sample_wrapper`` runs once per sampling run: it builds a fresh ``ActiveRun`` from that
   run's own sigmas, model and conditioning, puts it in the run's transformer_options, and in
   ``finally`` reports and frees it, also on errors and interrupts. Outside a run the hooks only
   call the original blocks, so a model patched here and an unpatched clone of it never interfere.
 - the head block hook asks the run's ``RunCache`` to compute or skip the call; on a skip the
-  blocks pass their inputs through and the tail returns stack input + cached residual, which also
-  discards anything added to the stream between blocks (VACE hints and the like), since the
-  residual already contains what was added on the last computed step.
+  blocks pass their inputs through and the tail returns stack input + the estimated residual,
+  which also discards anything added to the stream between blocks (VACE hints and the like),
+  since the residuals already contain what was added on the computed steps. With the first-block
+  check the head block runs first and the run cache decides from its output.
+
+The method (TeaCache, MagCache, a calibration's measuring run) is a ``cache_core.methods``
+settings object that builds its own policy and estimator; nothing here depends on which it is.
+A calibration's recorder travels with the measuring model's OUTER_SAMPLE wrapper into its run.
 """
 
 from __future__ import annotations
@@ -29,8 +36,7 @@ import torch
 from comfy.patcher_extension import WrappersMP
 
 from .. import families
-from ..cache_core import MagCachePolicy, MagRatios, RunCache, RunSchedule, StackCall, TeaCachePolicy
-from ..cache_core.policies import CachePolicy, NeverSkipPolicy
+from ..cache_core import MethodConfig, RunCache, RunSchedule, StackCall
 from ..cache_core.run_cache import PASSTHROUGH, RunObserver
 from ..cache_core.stats import RunStats
 from .reporting import report
@@ -53,25 +59,12 @@ MIN_STEPS_TO_CACHE = 10
 class CacheSettings:
     """What an Apply node chose. Deep-copied with every clone of the model: tensor-free."""
 
-    method: str  # "teacache" | "magcache" | "measure"
+    method: MethodConfig  # the method, its thresholds and constants, estimator, branches, check
     family: str
     variant: str = "auto"
-    threshold: float = 0.0
-    max_consecutive_skips: int = 1
-    start_percent: float = 0.0
-    end_percent: float = 1.0
-    retention_ratio: float = 0.0
-    ratios: MagRatios | None = None
-    coefficients: tuple[float, ...] | None = None
     cache_device: str = "main_device"
     node_id: str | None = None
     record_trace: bool = False
-    calibration_key: str | None = None  # measuring runs: the recorder in OBSERVERS
-
-
-# Measuring runs (calibration): recorder per calibration key, registered by the calibrate node for
-# the duration of its own sampling call.
-OBSERVERS: dict[str, RunObserver] = {}
 
 
 class ActiveRun:
@@ -107,10 +100,24 @@ class ActiveRun:
             if self.cache.enabled:
                 signal = partial(self.family.teacache_signal, self.diffusion_model, args) if self.use_signal else None
                 self.call = self._begin(args["transformer_options"], args["img"], signal)
+            if self.cache.checks and self.call.stack_input is not None:
+                return self._run_checked_head(hook, args, extra)
         call = self.call
         if call.skip:
             return self._skipped_output(hook, args, call.cached_output) if hook.is_tail else passthrough(args)
         out = hook.run_original(args, extra)
+        if hook.is_tail and call.stack_input is not None:
+            self._finish(call, self._image_part(hook, out["img"], call.stack_input))
+        return out
+
+    def _run_checked_head(self, hook: BlockHook, args: dict, extra: dict) -> dict:
+        """First-block check: the head block runs, then the run cache decides from its output."""
+        out = hook.run_original(args, extra)
+        call = self.call = self._after_head(self.call, self._image_part(hook, out["img"], self.call.stack_input))
+        if call.skip:
+            # The head block's real output goes on; the blocks after it pass it through and the tail
+            # replaces the stream with the estimate.
+            return self._skipped_output(hook, args, call.cached_output) if hook.is_tail else out
         if hook.is_tail and call.stack_input is not None:
             self._finish(call, self._image_part(hook, out["img"], call.stack_input))
         return out
@@ -140,6 +147,27 @@ class ActiveRun:
         except Exception as error:  # never break sampling over the cache
             self._give_up(error)
             return PASSTHROUGH
+
+    @torch.no_grad()
+    def _after_head(self, call: StackCall, head_output: torch.Tensor) -> StackCall:
+        try:
+            return self.cache.after_head(call, head_output)
+        except Exception as error:
+            self._give_up(error)
+            return PASSTHROUGH
+
+    def plan_branches(self, conds: list, sigma: torch.Tensor) -> list[list[int]] | None:
+        """Separate CFG branches: the groups of branches to evaluate in calls of their own."""
+        if not self.cache.enabled:
+            return None
+        try:
+            keys = [[c.get("uuid") for c in (branch or ())] for branch in conds]
+            if any(key is None for branch in keys for key in branch):
+                return None
+            return self.cache.plan_branches(sigma, keys)
+        except Exception as error:
+            self._give_up(error)
+            return None
 
     @torch.no_grad()
     def _finish(self, call: StackCall, stack_output: torch.Tensor) -> None:
@@ -181,9 +209,8 @@ class BlockHook:
     """A ``patches_replace["dit"]`` entry. Holds no tensors (it is deep-copied with the model);
     chains to the hook another pack put on the same block, if any."""
 
-    def __init__(self, kind: str, index: int, is_head: bool, is_tail: bool, previous: Any = None) -> None:
+    def __init__(self, kind: str, is_head: bool, is_tail: bool, previous: Any = None) -> None:
         self.kind = kind
-        self.index = index
         self.is_head = is_head
         self.is_tail = is_tail
         self.previous = previous
@@ -212,29 +239,58 @@ def diffusion_model_wrapper(executor: Any, *args: Any, **kwargs: Any) -> Any:
     return run.run_model(executor, args[0], options, args, kwargs)
 
 
+def calc_cond_batch_wrapper(executor: Any, model: Any, conds: list, x_in: torch.Tensor, timestep: torch.Tensor,
+                            model_options: dict, *args: Any, **kwargs: Any) -> list:
+    """CALC_COND_BATCH wrapper (separate CFG branches): when the run cache asks for it, one
+    sampler evaluation becomes a call per group of branches (those that compute first), each
+    through ComfyUI's own cond batching; the branches' outputs are put back together."""
+    run = model_options.get("transformer_options", {}).get(RUN_KEY)
+    groups = run.plan_branches(conds, timestep) if run is not None else None
+    if groups is None:
+        return executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
+    outputs = [None] * len(conds)
+    for group in groups:
+        part = [branch if index in group else None for index, branch in enumerate(conds)]
+        result = executor(model, part, x_in, timestep, model_options, *args, **kwargs)
+        for index in group:
+            outputs[index] = result[index]
+    return outputs
+
+
 # Run scope -------------------------------------------------------------------------------
 
 
-def outer_sample_wrapper(executor: Any, *args: Any, **kwargs: Any) -> Any:
-    """OUTER_SAMPLE wrapper: one fresh ActiveRun per sampling run, freed when it ends."""
-    guider = executor.class_obj
-    options = guider.model_options.setdefault("transformer_options", {})
-    settings = options.get(SETTINGS_KEY)
-    if settings is None or RUN_KEY in options:
-        return executor(*args, **kwargs)
-    try:
-        run = start_run(settings, guider, *args, **kwargs)
-    except Exception:
-        LOGGER.warning("[StepCache] could not set up the cache; this run samples uncached", exc_info=True)
-        run = None
-    if run is None:
-        return executor(*args, **kwargs)
-    options[RUN_KEY] = run
-    try:
-        return executor(*args, **kwargs)
-    finally:
-        options.pop(RUN_KEY, None)
-        finish_run(settings, run, run.release())
+class OuterSampleWrapper:
+    """OUTER_SAMPLE wrapper: one fresh ActiveRun per sampling run, freed when it ends.
+
+    ``observer`` (a calibration's recorder) is handed to every run of the model it was installed
+    on; wrappers are shared between clones, never deep-copied, so it reaches the run as is."""
+
+    def __init__(self, observer: RunObserver | None = None) -> None:
+        self.observer = observer
+
+    def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+        guider = executor.class_obj
+        options = guider.model_options.setdefault("transformer_options", {})
+        settings = options.get(SETTINGS_KEY)
+        if settings is None or RUN_KEY in options:
+            return executor(*args, **kwargs)
+        try:
+            run = start_run(settings, guider, *args, observer=self.observer, **kwargs)
+        except Exception:
+            LOGGER.warning("[StepCache] could not set up the cache; this run samples uncached", exc_info=True)
+            run = None
+        if run is None:
+            return executor(*args, **kwargs)
+        options[RUN_KEY] = run
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            options.pop(RUN_KEY, None)
+            finish_run(settings, run, run.release())
+
+
+outer_sample_wrapper = OuterSampleWrapper()
 
 
 def finish_run(settings: CacheSettings, run: ActiveRun, stats: RunStats) -> None:
@@ -243,7 +299,7 @@ def finish_run(settings: CacheSettings, run: ActiveRun, stats: RunStats) -> None
 
 def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_image: torch.Tensor,
               sampler: Any, sigmas: torch.Tensor, denoise_mask: torch.Tensor | None = None,
-              *args: Any, **kwargs: Any) -> ActiveRun | None:
+              *args: Any, observer: RunObserver | None = None, **kwargs: Any) -> ActiveRun | None:
     patcher = guider.model_patcher
     model = patcher.model
     family = families.family_for(model)
@@ -258,48 +314,29 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
         steps=schedule.steps, has_denoise_mask=denoise_mask is not None,
     )
     variant_name = settings.variant if settings.variant != "auto" else family.detect_variant(model, context)
-    variant = family.variant(variant_name)
-    policy = make_policy(settings, schedule, variant, family)
+    method = settings.method
+    policy = method.build_policy(schedule, family.variant(variant_name))
+    blocks = len(family.block_keys(model.diffusion_model))
+    check = method.check_tolerance
+    if check is not None and not blocks:
+        LOGGER.info("[StepCache] %s: the first-block check needs block hooks, which ComfyUI does not give "
+                    "this family; it is off for this model", family.name)
+        check = None
     cache = RunCache(
-        schedule, policy, cache_device=resolve_cache_device(settings.cache_device),
-        measure=settings.method == "measure", record_trace=settings.record_trace,
+        schedule, policy, cache_device=resolve_cache_device(settings.cache_device), measure=method.measures,
+        record_trace=settings.record_trace, observer=observer, check_tolerance=check,
+        head_cost=1.0 / blocks if blocks else 0.0,
     )
     reason = reason_not_to_skip(settings, guider, schedule)
     if reason is not None:
         cache.disable(reason)
-    observer = OBSERVERS.get(settings.calibration_key) if settings.calibration_key else None
-    if observer is not None:
-        observer.start(schedule)
-        cache.observer = observer
-    use_signal = (isinstance(policy, TeaCachePolicy) or observer is not None) and cache.enabled
+    use_signal = policy.uses_signal and cache.enabled
     return ActiveRun(cache, family, variant_name, model.diffusion_model, use_signal)
-
-
-def make_policy(settings: CacheSettings, schedule: RunSchedule, variant: families.Variant,
-                family: families.Family) -> CachePolicy:
-    if settings.method == "teacache":
-        published = variant.teacache
-        coefficients = settings.coefficients or (published.values if published else None)
-        if coefficients is None:
-            LOGGER.warning("[StepCache] TeaCache: no published coefficients for %s; using the unscaled "
-                           "signal (calibrate for better results)", variant.name)
-        start = max(settings.start_percent, published.warmup if published and not settings.coefficients else 0.0)
-        return TeaCachePolicy(schedule, settings.threshold, coefficients, start, settings.end_percent,
-                              settings.max_consecutive_skips)
-    if settings.method == "magcache":
-        ratios = settings.ratios or variant.magcache
-        if ratios is None:
-            LOGGER.warning("[StepCache] MagCache: no ratios for %s; calibrate with MagCacheCalibrate. "
-                           "This run samples uncached.", variant.name)
-            return NeverSkipPolicy(schedule)
-        return MagCachePolicy(schedule, ratios, settings.threshold, settings.max_consecutive_skips,
-                              settings.retention_ratio)
-    return NeverSkipPolicy(schedule, measure_signal=settings.calibration_key is not None)
 
 
 def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedule) -> str | None:
     """Runs where skipping would be wrong or pointless sample uncached, with one logged reason."""
-    if settings.method == "measure":
+    if settings.method.measures:
         return None
     if schedule.steps < MIN_STEPS_TO_CACHE:
         return f"only {schedule.steps} steps: skipping would cost quality for little time"
@@ -326,13 +363,18 @@ def resolve_cache_device(choice: str) -> torch.device | None:
 # Installing ------------------------------------------------------------------------------
 
 
-def install(model: Any, settings: CacheSettings, family: families.Family) -> Any:
-    """A clone of ``model`` (a ComfyUI ModelPatcher) with the cache hooks; ``model`` is untouched."""
+def install(model: Any, settings: CacheSettings, family: families.Family,
+            observer: RunObserver | None = None) -> Any:
+    """A clone of ``model`` (a ComfyUI ModelPatcher) with the cache hooks; ``model`` is untouched.
+    ``observer``: a calibration's recorder, shown every run of the clone."""
     patched = model.clone()
-    patched.remove_wrappers_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY)
-    patched.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY)
+    for wrapper_type in (WrappersMP.OUTER_SAMPLE, WrappersMP.DIFFUSION_MODEL, WrappersMP.CALC_COND_BATCH):
+        patched.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
     patched.model_options.setdefault("transformer_options", {})[SETTINGS_KEY] = settings
-    patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample_wrapper)
+    wrapper = outer_sample_wrapper if observer is None else OuterSampleWrapper(observer)
+    patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, wrapper)
+    if settings.method.separate_branches:
+        patched.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch_wrapper)
 
     keys = family.block_keys(patched.model.diffusion_model)
     if not keys:
@@ -343,7 +385,7 @@ def install(model: Any, settings: CacheSettings, family: families.Family) -> Any
         previous = existing.get((kind, index))
         if isinstance(previous, BlockHook):  # ours, from an earlier Apply node: replace it
             previous = previous.previous
-        hook = BlockHook(kind, index, is_head=position == 0, is_tail=position == len(keys) - 1, previous=previous)
+        hook = BlockHook(kind, is_head=position == 0, is_tail=position == len(keys) - 1, previous=previous)
         patched.set_model_patch_replace(hook, "dit", kind, index)
     return patched
 
@@ -358,6 +400,8 @@ __all__ = [
     "ActiveRun",
     "BlockHook",
     "CacheSettings",
+    "OuterSampleWrapper",
+    "calc_cond_batch_wrapper",
     "install",
     "installed_settings",
     "outer_sample_wrapper",

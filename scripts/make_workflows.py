@@ -50,6 +50,11 @@ class NodeSpec:
     width: int = 320
 
 
+# The optional inputs both Apply nodes share (nodes/apply_nodes.py), and their defaults.
+ESTIMATOR_DEFAULTS = {"estimator": "reuse", "forecast_order": 1, "forecast_damping": 0.5, "cfg_branches": "together",
+                      "first_block_check": 0.0}
+ESTIMATOR_WIDGETS = tuple(ESTIMATOR_DEFAULTS)
+
 SPECS: dict[str, NodeSpec] = {
     # core loaders and encoders
     "UNETLoader": NodeSpec(widgets=("unet_name", "weight_dtype"), outputs=(("MODEL", "MODEL"),)),
@@ -106,11 +111,13 @@ SPECS: dict[str, NodeSpec] = {
     # this pack
     "ApplyMagCache": NodeSpec(
         inputs=(("model", "MODEL"), ("ratios", "MAG_RATIOS")),
-        widgets=("threshold", "max_consecutive_skips", "retention_ratio", "cache_device", "variant"),
+        widgets=("threshold", "max_consecutive_skips", "retention_ratio", "cache_device", "variant",
+                 *ESTIMATOR_WIDGETS),
         outputs=(("MODEL", "MODEL"),)),
     "ApplyTeaCache": NodeSpec(
         inputs=(("model", "MODEL"), ("coefficients", "TEACACHE_COEFFICIENTS")),
-        widgets=("threshold", "start_percent", "end_percent", "max_consecutive_skips", "cache_device", "variant"),
+        widgets=("threshold", "start_percent", "end_percent", "max_consecutive_skips", "cache_device", "variant",
+                 *ESTIMATOR_WIDGETS),
         outputs=(("MODEL", "MODEL"),)),
     "MagCacheCalibrate": NodeSpec(
         inputs=(("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
@@ -312,7 +319,7 @@ class Workflow:
 # The graphs ------------------------------------------------------------------------------
 
 MAGCACHE_DEFAULTS = {"threshold": 0.06, "max_consecutive_skips": 2, "retention_ratio": 0.2,
-                     "cache_device": "main_device", "variant": "auto"}
+                     "cache_device": "main_device", "variant": "auto", **ESTIMATOR_DEFAULTS}
 
 TUNING_MAGCACHE = """
 **Tuning** (Apply MagCache): raise `threshold` (0.06 -> 0.1 -> 0.2) or `max_consecutive_skips`
@@ -388,7 +395,7 @@ def flux2_dev_teacache() -> Workflow:
     unet, vae, _text, guided = flux2_models_and_prompt(w)
     latent = w.add("EmptyFlux2LatentImage", 1, width=1024, height=1024, batch_size=1)
     cache = w.add("ApplyTeaCache", 2, model=unet.out(), threshold=0.1, start_percent=0.0, end_percent=1.0,
-                  max_consecutive_skips=3, cache_device="main_device", variant="auto")
+                  max_consecutive_skips=3, cache_device="main_device", variant="auto", **ESTIMATOR_DEFAULTS)
     noise = w.add("RandomNoise", 3, noise_seed=42)
     guider = w.add("BasicGuider", 3, model=cache.out(), conditioning=guided.out())
     sampler_select = w.add("KSamplerSelect", 3, sampler_name="euler")
@@ -672,7 +679,7 @@ def demo_image_teacache() -> Workflow:
     w.groups = {0: "Built-in model, no downloads", 1: "Step cache", 2: "Sample and save"}
     model, positive, negative, latent = _demo_inputs(w, "disc")
     cache = w.add("ApplyTeaCache", 1, model=model.out(), threshold=0.2, start_percent=0.0, end_percent=1.0,
-                  max_consecutive_skips=3, cache_device="main_device", variant="auto")
+                  max_consecutive_skips=3, cache_device="main_device", variant="auto", **ESTIMATOR_DEFAULTS)
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_demo")
     w.note(f"""
 ## StepCache demo: TeaCache on the built-in model
@@ -694,7 +701,8 @@ def demo_image_calibrate_magcache() -> Workflow:
                       sampler_name="euler", scheduler="simple", denoise=1.0, save_calibration=True)
     w.add("PreviewAny", 1, title="Calibration report", source=calibrate.out(2))
     cache = w.add("ApplyMagCache", 2, model=model.out(), ratios=calibrate.out(1), threshold=0.1,
-                  max_consecutive_skips=3, retention_ratio=0.2, cache_device="main_device", variant="auto")
+                  max_consecutive_skips=3, retention_ratio=0.2, cache_device="main_device", variant="auto",
+                  **ESTIMATOR_DEFAULTS)
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_calibrated")
     w.note(f"""
 ## StepCache demo: calibrate MagCache, then sample with it

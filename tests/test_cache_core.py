@@ -112,13 +112,14 @@ def test_a_skipped_call_returns_input_plus_the_last_residual(core):
     assert torch.equal(call.cached_output, x1_before + (out0 - x0))
     assert torch.equal(x1, x1_before)  # the call's own input is never written to
 
-    # Another layout (e.g. cond alone, or another resolution) has no residual yet: it computes.
+    # Another shape (e.g. another resolution) has no residual yet: it computes.
     call = cache.begin(torch.tensor([schedule.sigmas[2]] * 2), keys, branches, torch.randn(2, 7, 3))
     assert not call.skip
     stats = cache.close()
     assert stats.calls_skipped == 1 and stats.calls_computed == 2
+    assert stats.rows_skipped == 2 and stats.rows_computed == 4
     assert [b.pattern for b in stats.branches] == ["CSC", "CSC"]
-    assert not cache._stores and not cache._entries
+    assert not cache._entries and not cache.held_tensors()
 
 
 def test_offloaded_residuals_come_back_to_the_input_device(core):
@@ -164,9 +165,9 @@ def test_measured_turning_adds_to_the_magcache_error(core):
     half = core.RunSchedule.from_sigmas([1 - i / 4 for i in range(5)])
     assert turning.angles_per_step(half, 0) == pytest.approx([0.0] + [2 * angle] * 3)
 
-    entry_plain, entry_turning = core.policies.EntryState(branch=0), core.policies.EntryState(branch=0)
     policy_plain = core.MagCachePolicy(schedule, plain, 10.0, 100, 0.0)
     policy_turning = core.MagCachePolicy(schedule, turning, 10.0, 100, 0.0)
+    entry_plain, entry_turning = policy_plain.new_state(0), policy_turning.new_state(0)
     for step in (1, 2):
         policy_plain.wants_skip(entry_plain, step, None)
         policy_turning.wants_skip(entry_turning, step, None)

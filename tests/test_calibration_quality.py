@@ -74,12 +74,13 @@ def ctx(host):
 
     references = {seed: pixels.latent_to_image(run(model, EVAL_CLASSES, seed)) for seed in EVAL_SEEDS}
     measure = host.pack_module("nodes.calibrate_nodes").measure
+    calibrated_methods = host.pack_module("cache_core.methods").CALIBRATED_METHODS
     calibrations = {}
     for method in SWEEPS:
         positive = models.conditioning("image", CALIBRATION_CLASSES)
         negative = models.conditioning("image", None, len(CALIBRATION_CLASSES))
         latent = models.empty_latent("image", len(CALIBRATION_CLASSES))
-        _, calibrations[method] = measure("test", method, model, CALIBRATION_SEED, STEPS, CFG, SAMPLER, SCHEDULER,
+        _, calibrations[method] = measure("test", calibrated_methods[method], model, CALIBRATION_SEED, STEPS, CFG, SAMPLER, SCHEDULER,
                                           positive, negative, latent, 1.0)
     return SimpleNamespace(model=model, run=run, decode=pixels.latent_to_image, references=references,
                            calibrations=calibrations, sampling=sampling,
@@ -95,7 +96,7 @@ def sweep(ctx, method: str, calibration: object | None) -> list[Point]:
             inputs[CALIBRATION_INPUT[method]] = calibration
         patched, node_id = ctx.sampling.apply(ctx.model, method, **inputs)
         settings = ctx.installed(patched)
-        own = settings.ratios if method == "magcache" else settings.coefficients
+        own = settings.method.ratios if method == "magcache" else settings.method.coefficients
         assert (own is not None) == (calibration is not None), "the node did not use the intended constants"
         skipped = total = 0
         psnrs = []

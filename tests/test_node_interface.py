@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 
+ESTIMATOR_INPUTS = ["estimator", "forecast_order", "forecast_damping", "cfg_branches", "first_block_check"]
 INTERFACE = {
     "ApplyTeaCache": (["model", "threshold", "start_percent", "end_percent", "max_consecutive_skips",
-                       "cache_device"], ["variant", "coefficients"], ["MODEL"]),
+                       "cache_device"], ["variant", "coefficients", *ESTIMATOR_INPUTS], ["MODEL"]),
     "ApplyMagCache": (["model", "threshold", "max_consecutive_skips", "retention_ratio", "cache_device"],
-                      ["variant", "ratios"], ["MODEL"]),
+                      ["variant", "ratios", *ESTIMATOR_INPUTS], ["MODEL"]),
     "MagCacheCalibrate": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
                            "latent_image", "denoise", "save_calibration"], [], ["LATENT", "MAG_RATIOS", "STRING"]),
     "TeaCacheCalibrate": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",

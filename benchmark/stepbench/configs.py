@@ -1,11 +1,57 @@
-"""What the benchmark runs: sampler settings, evaluation/calibration sets and cache configurations."""
+"""What the benchmark runs: models, sampler settings, evaluation/calibration sets and cache configurations."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 PACK_METHODS = ("teacache", "magcache")
 NATIVE_METHODS = ("easycache", "lazycache")
+KINDS = ("image", "video")  # the reference models (demo.models.load_model)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The Apply nodes' shared inputs (estimator, CFG branches, first-block check)."""
+
+    estimator: str = "reuse"
+    order: int = 1
+    damping: float = 0.5
+    branches: str = "together"
+    check: float = 0.0
+
+    @property
+    def suffix(self) -> str:
+        """How a method line names it ("" for the nodes' defaults)."""
+        parts = []
+        if self.estimator == "forecast":
+            parts.append(f"forecast o{self.order}")
+        elif self.estimator == "damped_forecast":
+            parts.append(f"damped {self.damping:g}")
+        if self.branches == "separate":
+            parts.append("separate CFG")
+        if self.check:
+            parts.append(f"check {self.check:g}")
+        return " + ".join(parts)
+
+    def inputs(self) -> dict:
+        return {"estimator": self.estimator, "forecast_order": self.order, "forecast_damping": self.damping,
+                "cfg_branches": self.branches, "first_block_check": self.check}
+
+
+DEFAULT_VARIANT = Variant()
+# What the sweeps combine the thresholds with (``--variants``).
+VARIANT_PRESETS: dict[str, list[Variant]] = {
+    "reuse": [DEFAULT_VARIANT],
+    "estimators": [DEFAULT_VARIANT, Variant("forecast"), Variant("forecast", order=2), Variant("damped_forecast")],
+    "all": [
+        DEFAULT_VARIANT, Variant("forecast"), Variant("forecast", order=2), Variant("damped_forecast"),
+        Variant(branches="separate"), Variant("forecast", branches="separate"),
+        Variant("damped_forecast", branches="separate"),
+        Variant(check=0.1), Variant("forecast", check=0.05), Variant("damped_forecast", check=0.05),
+        Variant("damped_forecast", branches="separate", check=0.05),
+    ],
+}
 
 
 @dataclass(frozen=True)
@@ -50,6 +96,7 @@ class Config:
     k: int | None = None  # max_consecutive_skips (pack)
     retention: float | None = None  # MagCache retention_ratio
     as_is: bool = False
+    variant: Variant = DEFAULT_VARIANT  # pack only
 
     @property
     def is_pack(self) -> bool:
@@ -69,6 +116,8 @@ class Config:
             name += f" ({self.constants})"
         if self.as_is:
             name += " as-is, no input copy"
+        if self.is_pack and self.variant.suffix:
+            name += " + " + self.variant.suffix
         return name
 
     @property
@@ -85,6 +134,7 @@ class Config:
 
 @dataclass
 class Plan:
+    kinds: list[str]
     settings: list[SamplerSetting]
     pairs: list[Pair]
     calibration_classes: list[int]
@@ -95,20 +145,37 @@ class Plan:
     magcache_ks: list[int]
     magcache_retention: float
     native_thresholds: list[float]
-    reps: int
+    reps: int  # 0: quality only (no timing)
+    variants: list[Variant] = field(default_factory=lambda: [DEFAULT_VARIANT])
     diagnostic_as_is: bool = True
+    only: str | None = None  # a regular expression the configuration labels must match
+    methods: tuple[str, ...] = PACK_METHODS + NATIVE_METHODS
+    constants: tuple[str, ...] = ("published", "calibrated")
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def quality_only(self) -> bool:
+        return self.reps == 0
+
     def configs(self) -> list[Config]:
-        out: list[Config] = [Config("uncached")]  # uncached against itself: the timing noise floor
-        for constants in ("published", "calibrated"):
-            out += [Config("teacache", t, constants, k=self.teacache_k) for t in self.teacache_thresholds]
-            out += [Config("magcache", t, constants, k=k, retention=self.magcache_retention)
-                    for k in self.magcache_ks for t in self.magcache_thresholds]
+        # uncached against itself: the timing noise floor (nothing to time in a quality-only run)
+        out: list[Config] = [] if self.quality_only else [Config("uncached")]
+        for constants in self.constants:
+            for variant in self.variants:
+                if "teacache" in self.methods:
+                    out += [Config("teacache", t, constants, k=self.teacache_k, variant=variant)
+                            for t in self.teacache_thresholds]
+                if "magcache" in self.methods:
+                    out += [Config("magcache", t, constants, k=k, retention=self.magcache_retention, variant=variant)
+                            for k in self.magcache_ks for t in self.magcache_thresholds]
         for method in NATIVE_METHODS:
-            out += [Config(method, t) for t in self.native_thresholds]
-        if self.diagnostic_as_is:
+            if method in self.methods:
+                out += [Config(method, t) for t in self.native_thresholds]
+        if self.diagnostic_as_is and "easycache" in self.methods:
             out.append(Config("easycache", 0.2, as_is=True))
+        if self.only:
+            pattern = re.compile(self.only)
+            out = [c for c in out if c.method == "uncached" or pattern.search(c.label)]
         return out
 
 
@@ -116,9 +183,13 @@ N_CLASSES = 10
 
 
 def make_plan(quick: bool, classes: int | None, seeds: int | None, batch: int, reps: int | None,
-              cfg: float, samplers: list[str] | None) -> Plan:
+              cfg: float, samplers: list[str] | None, kinds: list[str] | None = None, variants: str | None = None,
+              only: str | None = None, methods: list[str] | None = None, constants: list[str] | None = None,
+              teacache_thresholds: list[float] | None = None, magcache_thresholds: list[float] | None = None,
+              magcache_ks: list[int] | None = None) -> Plan:
     """The sweep. Evaluation uses classes 0..n-1 and seeds 0..s-1; calibration uses the next
-    classes (disjoint from evaluation while there are enough) and its own seed."""
+    classes (disjoint from evaluation while there are enough) and its own seed. ``reps`` 0 is a
+    quality-only sweep (no interleaved timing)."""
     n_classes = classes or (2 if quick else 4)
     n_seeds = seeds or (1 if quick else 2)
     settings = [SamplerSetting("euler", 30, cfg), SamplerSetting("dpmpp_2m", 20, cfg)]
@@ -130,13 +201,26 @@ def make_plan(quick: bool, classes: int | None, seeds: int | None, batch: int, r
     if set(calibration) & set(range(n_classes)):
         notes.append("calibration classes overlap the evaluation classes (too many classes asked); "
                      "the calibration seed is still distinct")
+    common = {
+        "kinds": list(kinds or KINDS), "variants": VARIANT_PRESETS[variants or ("reuse" if quick else "all")],
+        "only": only, "methods": tuple(methods or PACK_METHODS + NATIVE_METHODS),
+        "constants": tuple(constants or ("published", "calibrated")), "notes": notes,
+    }
     if quick:
-        return Plan(settings, pairs, calibration, 10_000,
+        plan = Plan(settings=settings, pairs=pairs, calibration_classes=calibration, calibration_seed=10_000,
                     teacache_thresholds=[0.2, 0.4], teacache_k=3,
                     magcache_thresholds=[0.02, 0.08], magcache_ks=[2], magcache_retention=0.2,
-                    native_thresholds=[0.05, 0.2], reps=reps or 1, diagnostic_as_is=True, notes=notes)
-    return Plan(settings, pairs, calibration, 10_000,
-                teacache_thresholds=[0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.4, 0.6, 1.0], teacache_k=3,
-                magcache_thresholds=[0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.15], magcache_ks=[2, 3, 4],
-                magcache_retention=0.2, native_thresholds=[0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5, 0.8],
-                reps=reps or 2, notes=notes)
+                    native_thresholds=[0.05, 0.2], reps=1 if reps is None else reps, diagnostic_as_is=True, **common)
+    else:
+        plan = Plan(settings=settings, pairs=pairs, calibration_classes=calibration, calibration_seed=10_000,
+                    teacache_thresholds=[0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.4, 0.6, 1.0], teacache_k=3,
+                    magcache_thresholds=[0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.15], magcache_ks=[2, 3, 4],
+                    magcache_retention=0.2, native_thresholds=[0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5, 0.8],
+                    reps=2 if reps is None else reps, **common)
+    if teacache_thresholds:
+        plan.teacache_thresholds = teacache_thresholds
+    if magcache_thresholds:
+        plan.magcache_thresholds = magcache_thresholds
+    if magcache_ks:
+        plan.magcache_ks = magcache_ks
+    return plan

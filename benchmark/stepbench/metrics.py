@@ -1,4 +1,4 @@
-"""Image quality against the uncached output: PSNR and SSIM on decoded images in [0, 1]."""
+"""Quality against the uncached output: PSNR and SSIM on decoded images (or videos) in [0, 1]."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Per-image PSNR in dB (inf when identical) of two images [H, W, 3] in [0, 1]."""
+    """PSNR in dB (inf when identical) of two images [H, W, 3] (or videos [T, H, W, 3]) in [0, 1]."""
     mse = float(((a.double() - b.double()) ** 2).mean())
     return math.inf if mse == 0.0 else 10.0 * math.log10(1.0 / mse)
 
@@ -42,7 +42,11 @@ def ssim(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def compare(reference: torch.Tensor, images: torch.Tensor) -> list[tuple[float, float]]:
-    """(PSNR, SSIM) per image of a batch [B, H, W, 3]."""
+    """(PSNR, SSIM) per image of a batch [B, H, W, 3], or per video of a batch [B, T, H, W, 3]
+    (PSNR over the whole clip, SSIM the mean over its frames)."""
+    if reference.ndim == 5:
+        return [(psnr(r, v), statistics.fmean(ssim(rf, vf) for rf, vf in zip(r, v, strict=True)))
+                for r, v in zip(reference, images, strict=True)]
     return [(psnr(r, i), ssim(r, i)) for r, i in zip(reference, images, strict=True)]
 
 

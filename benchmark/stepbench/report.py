@@ -8,15 +8,27 @@ import pathlib
 import statistics
 from typing import Any
 
-PACK_LINES = ("StepCache TeaCache (published)", "StepCache TeaCache (calibrated)",
-              "StepCache MagCache (published)", "StepCache MagCache (calibrated)")
 NATIVE_LINES = ("EasyCache (native)", "LazyCache (native)")
 PSNR_TARGET = 30.0
 MATCH_LEVELS = (25.0, 30.0, 35.0)
+ROW_LEVELS = (25.0, 30.0, 35.0, 40.0)
+
+
+def pack_lines(results: list[dict]) -> tuple[str, ...]:
+    """The pack's method lines (method, constants, estimator variant), in the order they ran."""
+    return tuple(dict.fromkeys(r["line"] for r in results if r["method"] in ("teacache", "magcache")))
+
+
+def setting_title(s: dict) -> str:
+    return f"{s.get('kind', 'image')} model, {s['setting']['name']}"
 
 
 def _fmt_db(value: float) -> str:
     return "identical" if math.isinf(value) else f"{value:.2f}"
+
+
+def _fmt_x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def _fmt_bytes(n: float | None) -> str:
@@ -34,14 +46,15 @@ def _compared(results: list[dict]) -> list[dict]:
 
 
 def best_reduction(results: list[dict], line: str, level: float = PSNR_TARGET) -> dict | None:
-    """The configuration of this line skipping the most block evaluations at worst-case PSNR >= level."""
-    ok = [r for r in _compared(results) if r["line"] == line and r["psnr_worst"] >= level and r["skip_fraction"] > 0]
-    return max(ok, key=lambda r: (r["skip_fraction"], r["psnr_worst"]), default=None)
+    """The configuration of this line with the highest block-stack row speedup at worst-case PSNR >= level."""
+    ok = [r for r in _compared(results) if r["line"] == line and r["psnr_worst"] >= level and r["row_skip_fraction"] > 0]
+    return max(ok, key=lambda r: (r["row_speedup"], r["psnr_worst"]), default=None)
 
 
 def best_wall(results: list[dict], lines: tuple[str, ...], level: float) -> dict | None:
     """The fastest configuration (wall time) of these lines that skips something at worst PSNR >= level."""
-    ok = [r for r in _compared(results) if r["line"] in lines and r["psnr_worst"] >= level and r["skip_fraction"] > 0]
+    ok = [r for r in _compared(results) if r["line"] in lines and r["psnr_worst"] >= level and r["skip_fraction"] > 0
+          and r.get("wall_speedup") is not None]
     return max(ok, key=lambda r: r["wall_speedup"], default=None)
 
 
@@ -49,22 +62,41 @@ def targets(data: dict) -> dict:
     """(a)-(e) of the brief, computed from the raw results."""
     out: dict[str, Any] = {}
     settings = data["settings"]
-    euler = next((s for s in settings if s["setting"]["sampler"] == "euler"), settings[0] if settings else None)
-    # (a)
-    if euler is not None:
+    # (a) per setting: each line's best row speedup at >= 30 dB
+    best = {}
+    for s in settings:
         rows = {}
-        for line in PACK_LINES + NATIVE_LINES:
-            best = best_reduction(euler["results"], line)
-            rows[line] = None if best is None else {
-                "label": best["label"], "skip_fraction": best["skip_fraction"], "block_speedup": best["block_speedup"],
-                "psnr_worst": best["psnr_worst"], "wall_speedup": best["wall_speedup"]}
-        out["a_best_reduction_at_30db"] = {"setting": euler["setting"]["name"], "by_method": rows}
+        for line in pack_lines(s["results"]) + NATIVE_LINES:
+            if not any(r["line"] == line for r in s["results"]):
+                continue
+            r = best_reduction(s["results"], line)
+            rows[line] = None if r is None else {
+                "label": r["label"], "row_skip_fraction": r["row_skip_fraction"], "row_speedup": r["row_speedup"],
+                "block_speedup": r["block_speedup"], "psnr_worst": r["psnr_worst"], "psnr_mean": r["psnr_mean"],
+                "wall_speedup": r.get("wall_speedup")}
+        best[setting_title(s)] = rows
+    out["a_best_row_speedup_at_30db"] = best
+    # (a') per setting and quality level: the best of the pack against each native node, in rows
+    levels_out = {}
+    for s in settings:
+        lines = pack_lines(s["results"])
+        per_level = {}
+        for level in ROW_LEVELS:
+            entry = {"pack": _brief(max((r for line in lines if (r := best_reduction(s["results"], line, level))),
+                                        key=lambda r: r["row_speedup"], default=None))}
+            for line in NATIVE_LINES:
+                entry[line] = _brief(best_reduction(s["results"], line, level))
+            per_level[f"{level:g}"] = entry
+        levels_out[setting_title(s)] = per_level
+    out["a_rows_at_matched_psnr"] = levels_out
     # (b)
     matched = {}
     for s in settings:
+        if not any(r.get("wall_speedup") is not None for r in s["results"]):
+            continue
         levels = {}
         for level in MATCH_LEVELS:
-            pack = best_wall(s["results"], PACK_LINES, level)
+            pack = best_wall(s["results"], pack_lines(s["results"]), level)
             entry: dict[str, Any] = {"pack": _brief(pack)}
             for line in NATIVE_LINES:
                 native = best_wall(s["results"], (line,), level)
@@ -72,16 +104,17 @@ def targets(data: dict) -> dict:
                 entry[f"pack_vs_{line}"] = (pack["wall_speedup"] / native["wall_speedup"]
                                             if pack and native else None)
             levels[f"{level:g}"] = entry
-        matched[s["setting"]["name"]] = levels
+        matched[setting_title(s)] = levels
     out["b_wall_speedup_at_matched_psnr"] = matched
     # (c)
     tracking = {}
     for s in settings:
-        values = [r["wall_speedup"] / r["block_speedup"] for r in _compared(s["results"])
-                  if r["method"] in ("teacache", "magcache") and r["skip_fraction"] > 0]
-        tracking[s["setting"]["name"]] = {
-            "median": statistics.median(values) if values else None,
-            "min": min(values, default=None), "max": max(values, default=None), "n": len(values)}
+        values = [r["wall_speedup"] / r["row_speedup"] for r in _compared(s["results"])
+                  if r["method"] in ("teacache", "magcache") and r["skip_fraction"] > 0
+                  and r.get("wall_speedup") is not None]
+        if values:
+            tracking[setting_title(s)] = {
+                "median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
     overhead = data.get("overhead")
     if overhead:
         skipping = overhead["results"]["magcache skipping"]
@@ -103,15 +136,19 @@ def targets(data: dict) -> dict:
     memory = {}
     for s in settings:
         per_method = {}
-        for line in PACK_LINES + NATIVE_LINES:
+        for line in pack_lines(s["results"]) + NATIVE_LINES:
             rows = [r for r in _compared(s["results"]) if r["line"] == line and r["memory"]]
             if rows:
                 m = rows[0]["memory"]
                 per_method[line] = {"residual_per_branch_bytes": m["residual_per_branch_bytes"],
+                                    "residuals_per_branch": max(r["memory"].get("residuals_per_branch", 0)
+                                                                for r in rows),
+                                    "order": rows[0].get("variant", {}).get("order", 1),
+                                    "estimator": rows[0].get("variant", {}).get("estimator"),
                                     "held_bytes": max(r["memory"]["held_bytes"] for r in rows),
                                     "peak_bytes": max(r["memory"]["peak_bytes"] for r in rows),
                                     "tensor_shapes": m["tensor_shapes"]}
-        memory[s["setting"]["name"]] = per_method
+        memory[setting_title(s)] = per_method
     if overhead:
         memory["large model"] = {name: overhead["results"][name].get("memory")
                                  for name in ("magcache no-skip", "teacache no-skip")}
@@ -122,8 +159,8 @@ def targets(data: dict) -> dict:
 def _brief(r: dict | None) -> dict | None:
     if r is None:
         return None
-    return {"label": r["label"], "wall_speedup": r["wall_speedup"], "block_speedup": r["block_speedup"],
-            "psnr_worst": r["psnr_worst"]}
+    return {"label": r["label"], "wall_speedup": r.get("wall_speedup"), "block_speedup": r["block_speedup"],
+            "row_speedup": r["row_speedup"], "psnr_worst": r["psnr_worst"]}
 
 
 # --- plot ----------------------------------------------------------------------------------
@@ -146,32 +183,40 @@ def plot(data: dict, paths: list[pathlib.Path]) -> None:
     settings = data["settings"]
     if not settings:
         return
-    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 5), squeeze=False)
-    styles = {
-        PACK_LINES[0]: ("tab:blue", "--", "o"), PACK_LINES[1]: ("tab:blue", "-", "o"),
-        PACK_LINES[2]: ("tab:red", "--", "s"), PACK_LINES[3]: ("tab:red", "-", "s"),
-        NATIVE_LINES[0]: ("tab:green", "-", "^"), NATIVE_LINES[1]: ("tab:purple", "-", "v"),
-    }
+    columns = min(len(settings), 2)
+    fig_rows = (len(settings) + columns - 1) // columns
+    fig, axes = plt.subplots(fig_rows, columns, figsize=(7.5 * columns, 5.5 * fig_rows), squeeze=False)
+    colors = {"StepCache TeaCache (published)": "tab:cyan", "StepCache TeaCache (calibrated)": "tab:blue",
+              "StepCache MagCache (published)": "tab:orange", "StepCache MagCache (calibrated)": "tab:red",
+              NATIVE_LINES[0]: "tab:green", NATIVE_LINES[1]: "tab:purple"}
+    dashes = ["-", "--", ":", "-."]
+    markers = ["o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h"]
     cap = 60.0
-    for ax, s in zip(axes[0], settings, strict=True):
+    for ax, s in zip(axes.flat, settings, strict=False):
         results = _compared(s["results"])
-        for line, (color, dash, marker) in styles.items():
-            pts = [(r["block_speedup"], min(r["psnr_worst"], cap)) for r in results
-                   if r["line"] == line and r["skip_fraction"] > 0]  # a run that skips nothing is identical
+        variants: dict[str, int] = {}
+        for line in pack_lines(results) + NATIVE_LINES:
+            pts = [(r["row_speedup"], min(r["psnr_worst"], cap)) for r in results
+                   if r["line"] == line and r["row_skip_fraction"] > 0]  # a run that skips nothing is identical
             if not pts:
                 continue
-            ax.scatter(*zip(*pts, strict=True), color=color, marker=marker, alpha=0.3, s=18)
+            base, _, suffix = line.partition(" + ")
+            index = variants.setdefault(suffix, len(variants))
+            color = colors.get(base, "tab:gray")
+            ax.scatter(*zip(*pts, strict=True), color=color, marker=markers[index % len(markers)], alpha=0.25, s=14)
             front = frontier(pts)
-            ax.plot(*zip(*front, strict=True), color=color, linestyle=dash, marker=marker, label=line)
+            ax.plot(*zip(*front, strict=True), color=color, linestyle=dashes[index % len(dashes)],
+                    marker=markers[index % len(markers)], markersize=4, label=line)
         ax.axhline(PSNR_TARGET, color="grey", linewidth=0.8, linestyle=":")
         ax.annotate(f"{PSNR_TARGET:g} dB", (1.0, PSNR_TARGET), xycoords=("axes fraction", "data"), ha="right",
                     va="bottom", fontsize=8, color="grey")
-        ax.set_title(f"reference image model, {s['setting']['name']}\n(lines: best points; faint: every setting)",
-                     fontsize=10)
-        ax.set_xlabel("block-stack speedup (evaluations total / computed)")
+        ax.set_title(f"reference {setting_title(s)}\n(lines: best points; faint: every setting)", fontsize=10)
+        ax.set_xlabel("block-stack row speedup (rows total / computed)")
         ax.set_ylabel("worst-case PSNR vs uncached (dB)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(settings):]:
+        ax.axis("off")
     fig.tight_layout()
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,19 +228,23 @@ def plot(data: dict, paths: list[pathlib.Path]) -> None:
 
 def _results_table(results: list[dict]) -> list[str]:
     lines = [
-        "| configuration | skipped | block-stack speedup | wall time ratio (speedup) | PSNR worst / mean (dB) "
-        "| SSIM worst / mean | cache memory held / peak | residual per CFG branch |",
-        "|---|---|---|---|---|---|---|---|",
+        "| configuration | rows skipped | row speedup | evaluations speedup | wall time ratio (speedup) "
+        "| PSNR worst / mean (dB) | SSIM worst / mean | cache memory held / peak | residuals per CFG branch |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         m = r["memory"] or {}
         per_branch = _fmt_bytes(m.get("residual_per_branch_bytes"))
+        if m.get("residuals_per_branch"):
+            per_branch = f"{m['residuals_per_branch']} x {per_branch}"
         if r["method"] == "lazycache" and m:
             per_branch += " (one, CFG-combined)"
         note = "" if r["deterministic"] else " (nondeterministic!)"
+        checked = f" ({r['rows_checked']} checked)" if r.get("rows_checked") else ""
+        wall = "-" if r.get("wall_ratio") is None else f"{r['wall_ratio']:.3f} ({r['wall_speedup']:.2f}x)"
         lines.append(
-            f"| {r['label']}{note} | {r['skip_fraction']:.1%} | {r['block_speedup']:.2f}x | "
-            f"{r['wall_ratio']:.3f} ({r['wall_speedup']:.2f}x) | {_fmt_db(r['psnr_worst'])} / {_fmt_db(r['psnr_mean'])} | "
+            f"| {r['label']}{note} | {r['row_skip_fraction']:.1%}{checked} | {r['row_speedup']:.2f}x | "
+            f"{r['block_speedup']:.2f}x | {wall} | {_fmt_db(r['psnr_worst'])} / {_fmt_db(r['psnr_mean'])} | "
             f"{r['ssim_worst']:.4f} / {r['ssim_mean']:.4f} | "
             f"{_fmt_bytes(m.get('held_bytes'))} / {_fmt_bytes(m.get('peak_bytes'))} | {per_branch} |")
     return lines
@@ -218,25 +267,33 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
         "",
         "## Settings",
         "",
-        f"- **Model**: the reference image model, `demo.models.load_model(\"image\")` ({meta['model']}), detected "
-        "by the pack as flux / flux.1-schnell, so *published* means the FLUX.1 TeaCache polynomial and MagCache "
-        "ratio table (node variant `auto`).",
-        f"- **Sampler settings**: {', '.join(s['setting']['name'] + ' (' + s['setting']['scheduler'] + ')' for s in data['settings'])}; "
+        "- **Models**: " + "; ".join(
+            f"the reference {kind} model, `demo.models.load_model(\"{kind}\")` ({desc})"
+            for kind, desc in _models(meta).items())
+        + ". The image model is detected by the pack as flux / flux.1-schnell, so *published* means the FLUX.1 "
+        "TeaCache polynomial and MagCache ratio table (node variant `auto`); the video model as Wan 2.1 (its "
+        "published Wan 2.1 1.3B constants).",
+        f"- **Sampler settings**: {', '.join(dict.fromkeys(s['setting']['name'] + ' (' + s['setting']['scheduler'] + ')' for s in data['settings']))}; "
         "negative = the model's null embedding (real cond + uncond model calls, batched by ComfyUI).",
         f"- **Evaluation**: classes {plan['classes']} x seeds {plan['seeds']}, batch {plan['batch']} "
-        f"({plan['images']} images per configuration); quality against the uncached output of the same class and seed.",
-        f"- **Calibration** (once per sampler setting, not saved to disk): `measure()` of MagCacheCalibrate / "
+        f"({plan['images']} images or videos per configuration); quality against the uncached output of the same "
+        "class and seed.",
+        f"- **Calibration** (once per model and sampler setting, not saved to disk): `measure()` of MagCacheCalibrate / "
         f"TeaCacheCalibrate on a batch of classes {plan['calibration_classes']}, seed {plan['calibration_seed']} "
         "(disjoint from the evaluation seeds" + ("" if not plan["notes"] else "; " + "; ".join(plan["notes"])) + ").",
         f"- **Sweeps**: ApplyTeaCache threshold {plan['teacache_thresholds']} (max_consecutive_skips {plan['teacache_k']}); "
         f"ApplyMagCache threshold {plan['magcache_thresholds']} x K (max_consecutive_skips) {plan['magcache_ks']}, "
-        f"retention_ratio {plan['magcache_retention']}; each with published and with calibrated constants. "
-        f"Native EasyCache and LazyCache: reuse_threshold {plan['native_thresholds']}, start_percent 0.15, "
-        "end_percent 0.95 (their defaults).",
-        f"- **Timing**: per configuration and per (class, seed) pair, {plan['reps']} interleaved repetitions "
-        "(uncached, cached, uncached, cached, ...); the wall time ratio is the median over all pairs and "
-        "repetitions of cached / uncached of adjacent runs. Before each configuration one untimed run "
-        "(the memory probe) warms it up.",
+        f"retention_ratio {plan['magcache_retention']}; each with {' and '.join(plan.get('constants', ['published', 'calibrated']))} "
+        "constants, and each combined with the estimator variants: "
+        + "; ".join(_variant_text(v) for v in plan.get("variants", [{}]))
+        + f". Native EasyCache and LazyCache: reuse_threshold {plan['native_thresholds']}, start_percent 0.15, "
+        "end_percent 0.95 (their defaults)." + (f" Only configurations matching `{plan['only']}`." if plan.get("only") else ""),
+        ("- **Timing**: none (quality-only run: one cached run per pair; rows and quality are deterministic)."
+         if meta.get("quality_only") else
+         f"- **Timing**: per configuration and per (class, seed) pair, {plan['reps']} interleaved repetitions "
+         "(uncached, cached, uncached, cached, ...); the wall time ratio is the median over all pairs and "
+         "repetitions of cached / uncached of adjacent runs. Before each configuration one untimed run "
+         "(the memory probe) warms it up."),
         "",
         "### How EasyCache was made fair",
         "",
@@ -253,17 +310,24 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
         "",
         "### What is measured, and how",
         "",
-        "- **skipped**: the fraction of block-stack evaluations (model calls; cond and uncond run batched, so one "
-        "call per sampler evaluation) not computed, summed over all pairs. Pack: its own per-run statistics "
-        "(`LAST_RUN_STATS[node]`: calls_skipped / (calls_computed + calls_skipped)). Native nodes: their log "
-        "line `skipped N/M steps`, caught with a logging handler; a skipped step skips the whole model (N/M). "
-        "**block-stack speedup** = total / computed.",
+        "- **rows**: block-stack work is counted in rows, batch rows x calls (cond and uncond batched are 2 rows "
+        "per image per evaluation): what an accelerator pays, and what separate CFG branches save when only one "
+        "branch computes. Pack: its own per-run statistics (`LAST_RUN_STATS[node]`: rows_computed, rows_skipped, "
+        "rows_checked). **row speedup** = rows total / rows computed, where a skipped row whose first block ran "
+        "for the first-block check costs that block's share of the stack (1 / number of blocks: 1/6 on the "
+        "image model, whose blocks differ in size, so this is approximate). Native nodes: their log line "
+        "`skipped N/M steps`, caught with a logging handler; a skipped step skips the whole model, every row "
+        "(N/M). *evaluations speedup* = model calls total / computed (the previous headline figure; separate "
+        "CFG branches make more, smaller calls).",
         "- **PSNR / SSIM**: decoded images (`demo.pixels.latent_to_image`, [0, 1]) against the uncached images; "
-        "worst case and mean over every image. SSIM: 11x11 Gaussian window (sigma 1.5), per RGB channel, mean. "
+        "worst case and mean over every image (videos: `latent_to_video`, PSNR over the whole clip, SSIM the mean "
+        "over its frames). SSIM: 11x11 Gaussian window (sigma 1.5), per RGB channel, mean. "
         "*identical* = bit-identical output (PSNR infinite; counted as 100 dB in means).",
         "- **cache memory**: a probe (an extra outermost PREDICT_NOISE wrapper on an untimed run, read-only) reads, "
         "after every sampler evaluation, the tensors the cache holds: for the pack the residual (and TeaCache's "
-        "previous signal) of every call layout in the run's `RunCache` (`ActiveRun.cache._stores`); for the "
+        "previous signal, the first-block check's head residuals) of every conditioning entry in the run's "
+        "`RunCache` (`ActiveRun.cache.held_tensors()`), and how many residuals one CFG branch keeps at most "
+        "(the estimator's order + 1); for the "
         "native nodes the tensors of their holder (`transformer_options[\"easycache\"]`: EasyCache's per-uuid "
         "differences, which are views of one tensor, LazyCache's difference, and both nodes' subsampled "
         "previous input/output). *held* = the most bytes held at once between evaluations (unique storages); "
@@ -284,7 +348,7 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
     out += _targets_md(tgt)
     out += ["", f"![speed versus quality]({plot_name})", ""]
     for s in data["settings"]:
-        out += [f"## {s['setting']['name']} ({s['setting']['scheduler']})", ""]
+        out += [f"## {setting_title(s)} ({s['setting']['scheduler']})", ""]
         out += _results_table(s["results"])
         out += [""]
         for method, info in s["calibration"].items():
@@ -299,24 +363,54 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _variant_text(v: dict) -> str:
+    if not v:
+        return "reuse"
+    parts = [{"reuse": "reuse", "forecast": f"forecast order {v.get('order', 1)}",
+              "damped_forecast": f"damped forecast {v.get('damping', 0.5):g}"}.get(v.get("estimator"), "?")]
+    if v.get("branches") == "separate":
+        parts.append("separate CFG branches")
+    if v.get("check"):
+        parts.append(f"first-block check {v['check']:g}")
+    return ", ".join(parts)
+
+
+def _models(meta: dict) -> dict:
+    return meta.get("models") or {"image": meta.get("model", "?")}
+
+
 def _targets_md(tgt: dict) -> list[str]:
     out = []
-    a = tgt.get("a_best_reduction_at_30db")
-    if a:
-        out += [f"**(a) Best block-evaluation reduction at worst-case PSNR >= {PSNR_TARGET:g} dB**, {a['setting']}:", "",
-                "| method | best configuration | skipped | block-stack speedup | worst PSNR | wall speedup |",
-                "|---|---|---|---|---|---|"]
-        for line, r in a["by_method"].items():
+    for setting, by_line in tgt.get("a_best_row_speedup_at_30db", {}).items():
+        out += [f"**(a) Best block-stack row speedup at worst-case PSNR >= {PSNR_TARGET:g} dB**, {setting}:", "",
+                "| method | best configuration | rows skipped | row speedup | evaluations speedup | worst / mean PSNR "
+                "| wall speedup |", "|---|---|---|---|---|---|---|"]
+        for line, r in by_line.items():
             if r is None:
-                out.append(f"| {line} | none reaches {PSNR_TARGET:g} dB while skipping | - | - | - | - |")
+                out.append(f"| {line} | none reaches {PSNR_TARGET:g} dB while skipping | - | - | - | - | - |")
             else:
-                out.append(f"| {line} | {r['label']} | {r['skip_fraction']:.1%} | {r['block_speedup']:.2f}x | "
-                           f"{_fmt_db(r['psnr_worst'])} | {r['wall_speedup']:.2f}x |")
+                out.append(f"| {line} | {r['label']} | {r['row_skip_fraction']:.1%} | **{r['row_speedup']:.2f}x** | "
+                           f"{r['block_speedup']:.2f}x | {_fmt_db(r['psnr_worst'])} / {_fmt_db(r['psnr_mean'])} | "
+                           f"{_fmt_x(r.get('wall_speedup'))} |")
         out.append("")
-    out += ["**(b) Wall-time speedup at matched quality**: the best wall-time speedup of each side among its "
-            "configurations with worst-case PSNR at or above the level (pack = best of its four lines).", "",
-            "| setting | worst PSNR >= | pack (best) | EasyCache | LazyCache | pack / EasyCache | pack / LazyCache |",
-            "|---|---|---|---|---|---|---|"]
+    rows_at = tgt.get("a_rows_at_matched_psnr", {})
+    if rows_at:
+        out += ["**(a') Row speedup at matched quality**: the best row speedup of the pack (any line) and of each "
+                "native node among configurations with worst-case PSNR at or above the level.", "",
+                "| setting | worst PSNR >= | pack (best) | EasyCache | LazyCache |", "|---|---|---|---|---|"]
+        for setting, levels in rows_at.items():
+            for level, e in levels.items():
+                def cell(x: dict | None) -> str:
+                    return "-" if x is None else f"{x['row_speedup']:.2f}x ({x['label']}; {_fmt_db(x['psnr_worst'])} dB)"
+
+                out.append(f"| {setting} | {level} dB | {cell(e['pack'])} | {cell(e[NATIVE_LINES[0]])} | "
+                           f"{cell(e[NATIVE_LINES[1]])} |")
+        out.append("")
+    if tgt["b_wall_speedup_at_matched_psnr"]:
+        out += ["**(b) Wall-time speedup at matched quality**: the best wall-time speedup of each side among its "
+                "configurations with worst-case PSNR at or above the level (pack = best of its lines).", "",
+                "| setting | worst PSNR >= | pack (best) | EasyCache | LazyCache | pack / EasyCache | pack / LazyCache |",
+                "|---|---|---|---|---|---|---|"]
     for setting, levels in tgt["b_wall_speedup_at_matched_psnr"].items():
         for level, e in levels.items():
             def cell(x: dict | None) -> str:
@@ -328,8 +422,9 @@ def _targets_md(tgt: dict) -> list[str]:
             out.append(f"| {setting} | {level} dB | {cell(e['pack'])} | {cell(e[NATIVE_LINES[0]])} | "
                        f"{cell(e[NATIVE_LINES[1]])} | {ratio(e['pack_vs_' + NATIVE_LINES[0]])} | "
                        f"{ratio(e['pack_vs_' + NATIVE_LINES[1]])} |")
-    out += ["", "**(c) How the pack's wall-time speedup tracks its block-stack speedup** (wall speedup / "
-            "block-stack speedup; 1.0 = every skipped evaluation saves its full share of wall time):", ""]
+    if tgt["c_wall_vs_block_ratio"]:
+        out += ["", "**(c) How the pack's wall-time speedup tracks its block-stack speedup** (wall speedup / "
+                "row speedup; 1.0 = every skipped row saves its full share of wall time):", ""]
     for setting, t in tgt["c_wall_vs_block_ratio"].items():
         if t.get("median") is None:
             continue
@@ -352,15 +447,21 @@ def _targets_md(tgt: dict) -> list[str]:
                            f"{v['per_call_median']:+.2f}%, range {v['per_call_min']:+.2f}% to {v['per_call_max']:+.2f}%")
         out += ["", "A whole-run figure within about two standard errors of 0 is below what this machine resolves; "
                 "the per-call figure is the steadier one (it leaves out only the once-per-run setup)."]
-    out += ["", "**(e) Memory the cache adds** (measured by the probe; residual per CFG branch, and everything "
-            "the cache holds over the run):", "",
-            "| setting | method | residual per CFG branch | held | peak | tensors held |", "|---|---|---|---|---|---|"]
+    out += ["", "**(e) Memory the cache adds** (measured by the probe; residuals one CFG branch keeps at most, "
+            "against the bound order + 1, and everything the cache holds over the run):", "",
+            "| setting | method | residuals per CFG branch (bound) | held | peak | tensors held |",
+            "|---|---|---|---|---|---|"]
     for setting, methods in tgt["e_memory"].items():
         for line, m in methods.items():
             if not m:
                 continue
             shapes = "; ".join(f"{k} {v}" for k, v in m["tensor_shapes"].items())
-            out.append(f"| {setting} | {line} | {_fmt_bytes(m['residual_per_branch_bytes'])} | "
+            count = m.get("residuals_per_branch")
+            bound = {"forecast": m.get("order", 1) + 1, "damped_forecast": 2, "reuse": 1}.get(m.get("estimator"))
+            kept = _fmt_bytes(m["residual_per_branch_bytes"])
+            if count:
+                kept = f"{count} x {kept}" + (f" (<= {bound})" if bound else "")
+            out.append(f"| {setting} | {line} | {kept} | "
                        f"{_fmt_bytes(m['held_bytes'])} | {_fmt_bytes(m['peak_bytes'])} | {shapes} |")
     out += ["", "The pack's residual lives in the block stack's hidden space: tokens x hidden x dtype size per "
             "branch (e.g. FLUX.1 at 1024x1024: 4096 x 3072 x 2 B = 24 MiB per branch in bf16; TeaCache keeps "
@@ -418,6 +519,12 @@ def restore(data: dict) -> dict:
         return value
 
     data = back({k: v for k, v in data.items() if k != "targets"})
+    for s in data.get("settings", []):  # results written before rows and kinds were counted
+        s.setdefault("kind", "image")
+        for r in s["results"]:
+            r.setdefault("row_speedup", r["block_speedup"])
+            r.setdefault("row_skip_fraction", r["skip_fraction"])
+            r.setdefault("variant", {})
     for r in (data.get("overhead") or {}).get("results", {}).values():
         ratios = r["ratios"]
         r.setdefault("mean_ratio", statistics.fmean(ratios))

@@ -1,12 +1,13 @@
-"""The sweep on the reference image model: sampling, configurations, timing, stats and memory probes.
+"""The sweep on a reference model: sampling, configurations, timing, stats and memory probes.
 
 Everything runs through ComfyUI's own KSampler (``nodes.common_ksampler``) on the model
-``demo.models.load_model("image")`` builds; the pack's nodes run as ComfyUI runs them
+``demo.models.load_model(kind)`` builds ("image" or "video"); the pack's nodes run as ComfyUI runs them
 (``harness.sampling.apply``), the native EasyCache/LazyCache nodes through their own V3 classes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import re
@@ -26,7 +27,6 @@ from harness import sampling as harness_sampling
 from . import metrics
 from .configs import Config, Pair, Plan, SamplerSetting
 
-KIND = "image"
 COPY_WRAPPER_KEY = "stepbench-bf16-cast-copy"
 PROBE_WRAPPER_KEY = "stepbench-memory-probe"
 NATIVE_START, NATIVE_END = 0.15, 0.95  # the native nodes' defaults
@@ -80,6 +80,8 @@ class Memory:
     held: int = 0
     transient: int = 0
     residual_per_branch: int = 0
+    # The pack: the most residuals (slots) one CFG branch (conditioning entry) keeps at once.
+    residuals_per_branch: int = 0
     tensors: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -89,6 +91,7 @@ class Memory:
     def as_dict(self) -> dict:
         return {"held_bytes": self.held, "transient_bytes": self.transient, "peak_bytes": self.peak,
                 "residual_per_branch_bytes": self.residual_per_branch,
+                "residuals_per_branch": self.residuals_per_branch,
                 "tensor_shapes": {k: list(v) for k, v in self.tensors.items()}}
 
 
@@ -138,14 +141,15 @@ class MemoryProbe:
         if run is None:
             return
         residuals, others = [], []
-        # RunCache._stores: call layout (tuple of conditioning entries) -> ResidualStore (read only).
-        for layout, store in run.cache._stores.items():
-            if store.residual is not None:
-                residuals.append((f"residual {len(layout)} entries", store.residual, len(layout)))
-            if store.previous_signal is not None:
-                others.append((f"teacache signal {len(layout)} entries", store.previous_signal))
-            if store._host_buffer is not None:
-                others.append(("offload buffer", store._host_buffer))
+        slots: dict[int, int] = {}
+        # RunCache.held_tensors(): (kind, branch, tensor) of every conditioning entry (read only).
+        for kind, branch, tensor in run.cache.held_tensors():
+            if kind == "residual":
+                residuals.append((f"residual slot (branch {branch})", tensor, 1))
+                slots[branch] = slots.get(branch, 0) + 1
+            else:
+                others.append((f"{kind} (branch {branch})", tensor))
+        self.memory.residuals_per_branch = max(self.memory.residuals_per_branch, *slots.values(), 0)
         self._account(residuals, others)
 
     def _read_native(self, holder: Any) -> None:
@@ -172,23 +176,27 @@ class MemoryProbe:
 # --- the reference model ---------------------------------------------------------------------
 
 class Bench:
-    """The reference model, its conditioning, and how each configuration is built and run."""
+    """A reference model, its conditioning, and how each configuration is built and run."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "image") -> None:
+        self.kind = kind
         self.models = pack("demo.models")
         self.pixels = pack("demo.pixels")
         self.calibrate_nodes = pack("nodes.calibrate_nodes")
         self.runtime = pack("nodes.runtime")
-        self.base = self.models.load_model(KIND)
+        self.base = self.models.load_model(kind)
         self.native_log = NativeLog()
         logging.getLogger().addHandler(self.native_log)
+
+    def close(self) -> None:
+        logging.getLogger().removeHandler(self.native_log)
 
     # sampling
 
     def sample(self, model: Any, pair: Pair, setting: SamplerSetting) -> torch.Tensor:
-        positive = self.models.conditioning(KIND, pair.class_index, pair.batch)
-        negative = self.models.conditioning(KIND, None, pair.batch)
-        latent = self.models.empty_latent(KIND, pair.batch)
+        positive = self.models.conditioning(self.kind, pair.class_index, pair.batch)
+        negative = self.models.conditioning(self.kind, None, pair.batch)
+        latent = self.models.empty_latent(self.kind, pair.batch)
         return nodes.common_ksampler(model, pair.seed, setting.steps, setting.cfg, setting.sampler,
                                      setting.scheduler, positive, negative, latent)[0]["samples"]
 
@@ -199,6 +207,9 @@ class Bench:
         return time.perf_counter() - start, latent
 
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
+        """Images [B, H, W, 3] or videos [B, T, H, W, 3] in [0, 1]."""
+        if self.kind == "video":
+            return self.pixels.latent_to_video(latent)
         return self.pixels.latent_to_image(latent)
 
     # calibration
@@ -206,13 +217,13 @@ class Bench:
     def calibrate(self, method: str, setting: SamplerSetting, classes: list[int], seed: int) -> tuple[Any, float]:
         """MagCacheCalibrate/TeaCacheCalibrate's measurement (not saved to disk), on a batch of
         the calibration classes; returns the Calibration and the seconds it took."""
-        positive = self.models.conditioning(KIND, classes)
-        negative = self.models.conditioning(KIND, None, len(classes))
-        latent = self.models.empty_latent(KIND, len(classes))
-        node = "MagCacheCalibrate" if method == "magcache" else "TeaCacheCalibrate"
+        positive = self.models.conditioning(self.kind, classes)
+        negative = self.models.conditioning(self.kind, None, len(classes))
+        latent = self.models.empty_latent(self.kind, len(classes))
+        config = pack("cache_core.methods").CALIBRATED_METHODS[method]
         start = time.perf_counter()
         _, calibration = self.calibrate_nodes.measure(
-            node, method, self.base, seed, setting.steps, setting.cfg, setting.sampler, setting.scheduler,
+            config.calibrate_node, config, self.base, seed, setting.steps, setting.cfg, setting.sampler, setting.scheduler,
             positive, negative, latent, 1.0)
         return calibration, time.perf_counter() - start
 
@@ -228,14 +239,15 @@ class Bench:
         if probe is not None:  # first, so it is outermost (LazyCache wraps PREDICT_NOISE too)
             model.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, PROBE_WRAPPER_KEY, probe)
         if config.is_pack:
-            inputs: dict[str, Any] = {"threshold": config.threshold, "max_consecutive_skips": config.k}
+            inputs: dict[str, Any] = {"threshold": config.threshold, "max_consecutive_skips": config.k,
+                                      **config.variant.inputs()}
             if config.method == "magcache":
                 inputs["retention_ratio"] = config.retention
             if config.constants == "calibrated":
                 inputs["ratios" if config.method == "magcache" else "coefficients"] = calibrations[config.method]
             patched, node_id = harness_sampling.apply(model, config.method, **inputs)
             settings = self.runtime.installed_settings(patched)
-            uses_own = settings.ratios is not None or settings.coefficients is not None
+            uses_own = getattr(settings.method, "ratios", None) is not None or getattr(settings.method, "coefficients", None) is not None
             if uses_own != (config.constants == "calibrated"):
                 raise RuntimeError(f"{config.label}: the node did not use the intended constants "
                                    "(a saved calibration in the user directory?)")
@@ -252,17 +264,24 @@ class Bench:
                 raise RuntimeError("the input-copy wrapper is not the outermost DIFFUSION_MODEL wrapper")
         return patched, None
 
-    def skip_counts(self, config: Config, node_id: str | None, setting: SamplerSetting) -> dict:
-        """Block-stack evaluations of the run that just ended: skipped and total."""
+    def skip_counts(self, config: Config, node_id: str | None, setting: SamplerSetting, pair: Pair) -> dict:
+        """Block-stack work of the run that just ended: evaluations (model calls) and rows (batch
+        rows x calls) skipped and total, and rows whose head block ran for the first-block check."""
         if config.is_pack:
             stats = harness_sampling.stats(node_id)
             return {"skipped": stats["calls_skipped"], "total": stats["calls_computed"] + stats["calls_skipped"],
+                    "rows_skipped": stats["rows_skipped"], "rows_total": stats["rows_computed"] + stats["rows_skipped"],
+                    "rows_checked": stats["rows_checked"], "head_cost": stats["head_cost"],
                     "disabled_reason": stats["disabled_reason"],
                     "patterns": {b["branch"]: b["pattern"] for b in stats["branches"]}}
+        rows_per_call = pair.batch * (2 if setting.cfg > 1.0 else 1)  # cond and uncond batched
         if config.is_native:
             _, skipped, total = self.native_log.take()
-            return {"skipped": skipped, "total": total}  # a skipped step skips the whole model
-        return {"skipped": 0, "total": setting.steps}
+            # a skipped step skips the whole model, every row of it
+            return {"skipped": skipped, "total": total, "rows_skipped": skipped * rows_per_call,
+                    "rows_total": total * rows_per_call, "rows_checked": 0, "head_cost": 0.0}
+        return {"skipped": 0, "total": setting.steps, "rows_skipped": 0, "rows_total": setting.steps * rows_per_call,
+                "rows_checked": 0, "head_cost": 0.0}
 
 
 # --- the sweep -----------------------------------------------------------------------------
@@ -274,13 +293,13 @@ def _median(values: list[float]) -> float:
 def run_config(bench: Bench, config: Config, plan: Plan, setting: SamplerSetting, calibrations: dict[str, Any],
                references: dict[Pair, tuple[torch.Tensor, torch.Tensor]]) -> dict:
     """One configuration over every pair: an untimed probed run (memory, warm-up), then per pair
-    ``reps`` interleaved (uncached, cached) runs."""
+    ``reps`` interleaved (uncached, cached) runs, or one cached run when the plan is quality-only."""
     memory = None
     if config.method != "uncached":
         probe = MemoryProbe(config.method)
         probed, probed_node = bench.build(config, calibrations, probe)
         bench.sample(probed, plan.pairs[0], setting)
-        bench.skip_counts(config, probed_node, setting)  # consume its log line
+        bench.skip_counts(config, probed_node, setting, plan.pairs[0])  # consume its log line
         memory = probe.memory.as_dict()
     model, node_id = bench.build(config, calibrations)
     per_pair = []
@@ -294,7 +313,7 @@ def run_config(bench: Bench, config: Config, plan: Plan, setting: SamplerSetting
         for _ in range(plan.reps):
             ta, la = bench.timed(bench.base, pair, setting)
             tb, lb = bench.timed(model, pair, setting)
-            counts = bench.skip_counts(config, node_id, setting)
+            counts = bench.skip_counts(config, node_id, setting, pair)
             deterministic &= torch.equal(la, ref_latent)
             if output is None:
                 output = lb
@@ -303,6 +322,9 @@ def run_config(bench: Bench, config: Config, plan: Plan, setting: SamplerSetting
             times_a.append(ta)
             times_b.append(tb)
             ratios.append(tb / ta)
+        if plan.quality_only:
+            output = bench.sample(model, pair, setting)
+            counts = bench.skip_counts(config, node_id, setting, pair)
         quality = metrics.compare(ref_images, bench.decode(output))
         per_pair.append({
             "pair": pair.name, "class": pair.class_index, "seed": pair.seed,
@@ -314,12 +336,22 @@ def run_config(bench: Bench, config: Config, plan: Plan, setting: SamplerSetting
     skipped = sum(p["skipped"] for p in per_pair)
     total = sum(p["total"] for p in per_pair)
     computed = total - skipped
+    rows_total = sum(p["rows_total"] for p in per_pair)
+    rows_computed = rows_total - sum(p["rows_skipped"] for p in per_pair)
+    # The first-block check's head blocks, each at its share of a row.
+    rows_work = rows_computed + sum(p["rows_checked"] * p["head_cost"] for p in per_pair)
+    wall_ratio = _median(ratios) if ratios else None
     return {
         "label": config.label, "line": config.line, "method": config.method, "constants": config.constants,
         "threshold": config.threshold, "k": config.k, "retention": config.retention, "as_is": config.as_is,
+        "variant": dataclasses.asdict(config.variant),
         "skip_fraction": skipped / total if total else 0.0,
         "block_speedup": total / computed if computed else float("inf"),
-        "wall_ratio": _median(ratios), "wall_speedup": 1.0 / _median(ratios),
+        "rows_total": rows_total, "rows_computed": rows_computed,
+        "rows_checked": sum(p["rows_checked"] for p in per_pair),
+        "row_skip_fraction": 1.0 - rows_computed / rows_total if rows_total else 0.0,
+        "row_speedup": rows_total / rows_work if rows_work else float("inf"),
+        "wall_ratio": wall_ratio, "wall_speedup": 1.0 / wall_ratio if wall_ratio else None,
         "wall_ratios": ratios,
         "psnr_worst": min(psnrs), "psnr_mean": metrics.finite_mean(psnrs),
         "ssim_worst": min(ssims), "ssim_mean": statistics.fmean(ssims),
@@ -329,7 +361,8 @@ def run_config(bench: Bench, config: Config, plan: Plan, setting: SamplerSetting
 
 
 def run_setting(bench: Bench, plan: Plan, setting: SamplerSetting, progress: Callable[[str], None]) -> dict:
-    progress(f"== {setting.name} ({setting.scheduler}); {len(plan.pairs)} pairs x {plan.reps} reps")
+    mode = "quality only" if plan.quality_only else f"{plan.reps} reps"
+    progress(f"== {bench.kind} model, {setting.name} ({setting.scheduler}); {len(plan.pairs)} pairs, {mode}")
     references = {}
     for pair in plan.pairs:
         latent = bench.sample(bench.base, pair, setting)
@@ -347,10 +380,11 @@ def run_setting(bench: Bench, plan: Plan, setting: SamplerSetting, progress: Cal
         start = time.perf_counter()
         result = run_config(bench, config, plan, setting, calibrations, references)
         results.append(result)
-        progress(f"   {config.label:<58} skip {result['skip_fraction']:6.1%}  stack {result['block_speedup']:.2f}x  "
-                 f"wall {result['wall_speedup']:.2f}x  PSNR worst {result['psnr_worst']:6.2f} mean "
-                 f"{result['psnr_mean']:6.2f}  SSIM worst {result['ssim_worst']:.4f}  ({time.perf_counter() - start:.0f} s)")
-    return {"setting": {"name": setting.name, "key": setting.key, "sampler": setting.sampler,
+        wall = "" if result["wall_speedup"] is None else f"wall {result['wall_speedup']:.2f}x  "
+        progress(f"   {config.label:<78} rows {result['row_speedup']:.2f}x  {wall}PSNR worst {result['psnr_worst']:6.2f} "
+                 f"mean {result['psnr_mean']:6.2f}  ({time.perf_counter() - start:.0f} s)")
+    return {"kind": bench.kind,
+            "setting": {"name": setting.name, "key": setting.key, "sampler": setting.sampler,
                         "steps": setting.steps, "cfg": setting.cfg, "scheduler": setting.scheduler},
             "calibration": calibration_info, "results": results}
 

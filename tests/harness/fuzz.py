@@ -42,6 +42,11 @@ SAMPLERS = ["euler", "euler_ancestral", "heun", "dpmpp_2m", "dpmpp_2s_ancestral"
 SCHEDULERS = ["simple", "normal", "karras", "exponential", "sgm_uniform", "beta"]
 # Thresholds: 0 (never skip), a moderate one, and one that skips nearly everything.
 THRESHOLDS = {"teacache": [0.0, 0.3, 5.0], "magcache": [0.0, 0.1, 5.0]}
+# The Apply nodes' shared inputs: (estimator, forecast_order, forecast_damping).
+ESTIMATORS = [("reuse", 1, 0.5), ("forecast", 1, 0.5), ("forecast", 2, 0.5), ("damped_forecast", 1, 0.5)]
+CFG_BRANCHES = ["together", "separate"]
+# First-block check tolerances: off, strict (most checked steps compute), lenient (most skip).
+CHECKS = [0.0, 0.0, 0.05, 10.0]
 MIN_STEPS_TO_CACHE = 10
 
 
@@ -50,6 +55,9 @@ class RunSpec:
     family: str
     method: str
     threshold: float
+    estimator: tuple[str, int, float]
+    cfg_branches: str
+    first_block_check: float
     steps: int
     cfg: float
     sampler: str
@@ -93,7 +101,8 @@ def draw(rng: random.Random) -> RunSpec:
         start = rng.randrange(0, 4)
         advanced = (start, rng.randrange(start + 1, steps + 1))
     return RunSpec(
-        family=family, method=method, threshold=rng.choice(THRESHOLDS[method]), steps=steps,
+        family=family, method=method, threshold=rng.choice(THRESHOLDS[method]), estimator=rng.choice(ESTIMATORS),
+        cfg_branches=rng.choice(CFG_BRANCHES), first_block_check=rng.choice(CHECKS), steps=steps,
         cfg=rng.choice([1.0, 3.0, 3.0]), sampler=rng.choice(SAMPLERS), scheduler=rng.choice(SCHEDULERS),
         denoise=rng.choice([1.0, 1.0, 0.6]) if advanced is None else 1.0, batch=rng.choice([1, 1, 2]),
         scale=rng.choice([1, 1, 2]), frames=rng.choice([None, 2, 3]) if family in VIDEO else None,
@@ -148,6 +157,7 @@ class Driver:
         self.tiny = sampling.tiny()
         self.runtime = sampling.pack("nodes.runtime")
         self.run_cache = sampling.pack("cache_core.run_cache")
+        self.history = sampling.pack("cache_core.history")
         self.families = sampling.pack("families")
         self.borrowed_ratios = sampling.pack("families.published_magcache").FLUX_DEV
         self.base: dict[str, Any] = {}
@@ -159,7 +169,10 @@ class Driver:
         return self.base[family]
 
     def apply(self, spec: RunSpec) -> tuple[Any, str]:
-        inputs: dict[str, Any] = {"threshold": spec.threshold}
+        estimator, order, damping = spec.estimator
+        inputs: dict[str, Any] = {"threshold": spec.threshold, "estimator": estimator, "forecast_order": order,
+                                  "forecast_damping": damping, "cfg_branches": spec.cfg_branches,
+                                  "first_block_check": spec.first_block_check}
         family = self.families.family_for(self.base_model(spec.family).model)
         if spec.method == "magcache" and not any(v.magcache is not None for v in family.variants):
             inputs["ratios"] = self.borrowed_ratios  # only the mechanics matter on random weights
@@ -170,14 +183,15 @@ class Driver:
         return sampling.apply(self.base_model(spec.family), spec.method, **inputs)
 
     def reused(self, spec: RunSpec) -> tuple[Any, str]:
-        key = (spec.family, spec.method, spec.threshold)
+        key = (spec.family, spec.method, spec.threshold, spec.estimator, spec.cfg_branches, spec.first_block_check)
         if key not in self.patched:
             self.patched[key] = self.apply(spec)
         return self.patched[key]
 
     def live_cache_objects(self) -> list[str]:
         gc.collect()
-        kinds = (self.runtime.ActiveRun, self.run_cache.RunCache, self.run_cache.ResidualStore)
+        kinds = (self.runtime.ActiveRun, self.run_cache.RunCache, self.run_cache.Entry,
+                 self.history.ResidualHistory)
         return [type(o).__name__ for o in gc.get_objects() if isinstance(o, kinds)]
 
     def check_stats(self, spec: RunSpec, node_id: str) -> str | None:
@@ -196,8 +210,13 @@ class Driver:
         for b in run["branches"]:
             if b["steps_computed"] + b["steps_skipped"] != steps or len(b["pattern"]) != steps:
                 problems.append(f"branch {b['branch']}: {b['steps_computed']} + {b['steps_skipped']} for {steps}")
-        if run["calls_skipped"] and declined:
+        if (run["calls_skipped"] or run["rows_skipped"]) and declined:
             problems.append(f"a declined run skipped {run['calls_skipped']} calls")
+        if not run["rows_checked"] <= run["rows_skipped"] or (run["rows_skipped"] > 0) != (run["calls_skipped"] > 0):
+            problems.append(f"rows: {run['rows_skipped']} skipped, {run['rows_checked']} checked, "
+                            f"{run['calls_skipped']} calls skipped")
+        if run["rows_checked"] and spec.first_block_check == 0.0:
+            problems.append(f"{run['rows_checked']} rows checked with the check off")
         return "; ".join(problems) or None
 
     def one_run(self, spec: RunSpec, report: Report) -> None:
@@ -310,7 +329,9 @@ def soak(runs: int = 200, warmup: int = 20, seed: int = 0, cached: bool = True) 
     checkpoints = []
     for index in range(runs):
         family = ("flux", "wan21", "qwen_image")[index % 3]
-        spec = RunSpec(family=family, method=("magcache", "teacache")[index % 2], threshold=5.0, steps=10,
+        spec = RunSpec(family=family, method=("magcache", "teacache")[index % 2], threshold=5.0,
+                       estimator=ESTIMATORS[index % len(ESTIMATORS)], cfg_branches=CFG_BRANCHES[index % 2],
+                       first_block_check=0.0, steps=10,
                        cfg=3.0, sampler="euler", scheduler="simple", denoise=1.0, batch=rng.choice([1, 2, 3]),
                        scale=rng.choice([1, 2, 3]), frames=rng.choice([1, 2, 4]) if family == "wan21" else None,
                        advanced=None, interrupt_after=None, seed=index)

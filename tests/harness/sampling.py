@@ -81,26 +81,38 @@ class Job:
                                           seed=self.seed)
 
 
+NODE_DEFAULTS = {
+    "teacache": dict(threshold=0.4, start_percent=0.0, end_percent=1.0, max_consecutive_skips=3,
+                     cache_device="main_device"),
+    "magcache": dict(threshold=0.06, max_consecutive_skips=2, retention_ratio=0.2, cache_device="main_device"),
+}
+
+
 def apply(model: Any, method: str, **inputs: Any) -> tuple[Any, str]:
     """Run ApplyTeaCache/ApplyMagCache's execute as ComfyUI does; returns (MODEL, node id)."""
     apply_nodes = pack("nodes.apply_nodes")
     node = {"teacache": apply_nodes.ApplyTeaCache, "magcache": apply_nodes.ApplyMagCache}[method]
     node_id = f"test-{next(_node_ids)}"
-    defaults = {
-        "teacache": dict(threshold=0.4, start_percent=0.0, end_percent=1.0, max_consecutive_skips=3,
-                         cache_device="main_device"),
-        "magcache": dict(threshold=0.06, max_consecutive_skips=2, retention_ratio=0.2, cache_device="main_device"),
-    }[method]
     clone = node.PREPARE_CLASS_CLONE({"UNIQUE_ID": node_id})
-    return clone.execute(model, **{**defaults, **inputs}).result[0], node_id
+    return clone.execute(model, **{**NODE_DEFAULTS[method], **inputs}).result[0], node_id
+
+
+# CacheSettings fields; every other keyword of ``install`` belongs to the method's settings object.
+RUN_SETTINGS = ("variant", "cache_device", "record_trace")
 
 
 def install(model: Any, method: str, **settings: Any) -> tuple[Any, str]:
-    """Install with explicit CacheSettings (tests that need knobs the nodes do not expose)."""
+    """Install with explicit settings (tests that need knobs the nodes do not expose): ``method``
+    "teacache", "magcache" or "measure" (a calibration's run, without a recorder), keywords of its cache_core.methods config or of CacheSettings."""
     runtime = pack("nodes.runtime")
+    methods = pack("cache_core.methods")
     family = pack("families").family_for(model.model)
     node_id = f"test-{next(_node_ids)}"
-    cache_settings = runtime.CacheSettings(method=method, family=family.name, node_id=node_id, **settings)
+    config_class = {"teacache": methods.TeaCacheConfig, "magcache": methods.MagCacheConfig,
+                    "measure": methods.MeasureConfig}[method]
+    run_settings = {k: settings.pop(k) for k in RUN_SETTINGS if k in settings}
+    cache_settings = runtime.CacheSettings(method=config_class(**settings), family=family.name, node_id=node_id,
+                                           **run_settings)
     return runtime.install(model, cache_settings, family), node_id
 
 

@@ -1,0 +1,181 @@
+"""One settings object per caching method: what a node chose, and how a run's policy is built.
+
+A ``MethodConfig`` is tensor-free and frozen (it is deep-copied with every clone of the model). At
+the start of a sampling run it builds that run's policy, with the run's estimator, from the run's
+schedule and the detected variant's published constants; it also knows what a calibration of
+its method holds and how it is used. The adapter (nodes/) never asks which method it has.
+
+Every method shares the estimator-level choices:
+
+- ``estimator``: what a skipped call returns (cache_core/estimators);
+- ``separate_branches``: CFG branches are evaluated in calls of their own when one may skip and
+  another must compute (``RunCache.plan_branches``), instead of the batch computing for both;
+- ``check_tolerance``: the first-block check (``RunCache.after_head``), None when off.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Protocol
+
+from .estimators import EstimatorSpec
+from .policies import CachePolicy, MagCachePolicy, NeverSkipPolicy, TeaCachePolicy
+from .ratios import MagRatios
+from .schedule import RunSchedule
+
+LOGGER = logging.getLogger("stepcache")
+
+
+class PublishedConstants(Protocol):
+    """A model variant's published constants (families.Variant)."""
+
+    name: str
+    teacache: Any  # .values (poly1d coefficients) and .warmup, or None
+    magcache: MagRatios | None
+
+
+class CalibrationError(ValueError):
+    """A calibration that cannot be used, with the reason in words."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodConfig(ABC):
+    estimator: EstimatorSpec = field(default_factory=EstimatorSpec)
+    separate_branches: bool = False
+    check_tolerance: float | None = None
+
+    # The tag of this method's calibrations (saved files, the MAG_RATIOS / TEACACHE_COEFFICIENTS
+    # sockets), its name in logs, and the node that calibrates it; None where it has none.
+    calibration_method: ClassVar[str | None] = None
+    display_name: ClassVar[str] = ""
+    calibrate_node: ClassVar[str | None] = None
+    # Calibration runs compute every step and report what they measured.
+    measures: ClassVar[bool] = False
+
+    @abstractmethod
+    def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
+        """This run's policy (and estimator)."""
+
+    @property
+    def can_skip(self) -> bool:
+        """False when no run with these settings can skip (threshold 0)."""
+        return True
+
+    def with_calibration(self, calibration: Any) -> MethodConfig:
+        """These settings using a calibration of this model (``calibration.Calibration``)."""
+        raise CalibrationError(f"{self.display_name} takes no calibration")
+
+    @classmethod
+    def fitted(cls, measures: Sequence[Any]) -> dict:
+        """Fields a calibration of this method computes from its measurements (see calibration.py)."""
+        return {}
+
+    @classmethod  # noqa: B027 (nothing to check by default)
+    def check_calibration(cls, calibration: Any) -> None:
+        """Raise CalibrationError if a calibration of this method misses what the method needs."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeaCacheConfig(MethodConfig):
+    threshold: float
+    start_percent: float = 0.0
+    end_percent: float = 1.0
+    max_consecutive_skips: int = 3
+    coefficients: tuple[float, ...] | None = None  # None: the variant's published polynomial
+
+    calibration_method: ClassVar[str | None] = "teacache"
+    display_name: ClassVar[str] = "TeaCache"
+    calibrate_node: ClassVar[str | None] = "TeaCacheCalibrate"
+
+    @property
+    def can_skip(self) -> bool:
+        return self.threshold > 0.0
+
+    def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
+        published = constants.teacache
+        coefficients = self.coefficients or (published.values if published else None)
+        if coefficients is None:
+            LOGGER.warning("[StepCache] TeaCache: no published coefficients for %s; using the unscaled "
+                           "signal (calibrate for better results)", constants.name)
+        start = max(self.start_percent, published.warmup if published and not self.coefficients else 0.0)
+        return TeaCachePolicy(schedule, self.threshold, coefficients, start, self.end_percent,
+                              self.max_consecutive_skips, estimator=self.estimator.build())
+
+    def with_calibration(self, calibration: Any) -> TeaCacheConfig:
+        return replace(self, coefficients=calibration.coefficients)
+
+    @classmethod
+    def fitted(cls, measures: Sequence[Any]) -> dict:
+        from .calibration import fit_teacache_polynomial, teacache_fit_points
+
+        points = teacache_fit_points(measures)
+        return {"coefficients": fit_teacache_polynomial(points), "fit_points": points}
+
+    @classmethod
+    def check_calibration(cls, calibration: Any) -> None:
+        import math
+
+        if calibration.coefficients is None or len(calibration.coefficients) < 2:
+            raise CalibrationError("a TeaCache calibration needs its fitted coefficients")
+        if not all(math.isfinite(c) for c in calibration.coefficients):
+            raise CalibrationError("the TeaCache coefficients are not finite")
+        if not calibration.fit_points or not all(math.isfinite(v) for p in calibration.fit_points for v in p):
+            raise CalibrationError("a TeaCache calibration needs the finite points it was fitted on")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MagCacheConfig(MethodConfig):
+    threshold: float
+    max_consecutive_skips: int = 2
+    retention_ratio: float = 0.2
+    ratios: MagRatios | None = None  # None: the variant's published table
+
+    calibration_method: ClassVar[str | None] = "magcache"
+    display_name: ClassVar[str] = "MagCache"
+    calibrate_node: ClassVar[str | None] = "MagCacheCalibrate"
+
+    @property
+    def can_skip(self) -> bool:
+        return self.threshold > 0.0
+
+    def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
+        ratios = self.ratios or constants.magcache
+        if ratios is None:
+            return NeverSkipPolicy(schedule, name=MagCachePolicy.name, reason=(
+                f"no MagCache ratios for {constants.name}; calibrate with MagCacheCalibrate"))
+        return MagCachePolicy(schedule, ratios, self.threshold, self.max_consecutive_skips, self.retention_ratio,
+                              estimator=self.estimator.build())
+
+    def with_calibration(self, calibration: Any) -> MagCacheConfig:
+        return replace(self, ratios=calibration.mag_ratios())
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureConfig(MethodConfig):
+    """A calibration run: computes every step and shows it to the run's recorder."""
+
+    measure_signal: bool = True
+    measures: ClassVar[bool] = True
+    display_name: ClassVar[str] = "measure"
+
+    def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
+        return NeverSkipPolicy(schedule, measure_signal=self.measure_signal)
+
+
+# Calibration tag -> the method it calibrates.
+CALIBRATED_METHODS: dict[str, type[MethodConfig]] = {
+    config.calibration_method: config for config in (MagCacheConfig, TeaCacheConfig)
+}
+
+__all__ = [
+    "CALIBRATED_METHODS",
+    "CalibrationError",
+    "MagCacheConfig",
+    "MeasureConfig",
+    "MethodConfig",
+    "PublishedConstants",
+    "TeaCacheConfig",
+]
