@@ -53,6 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--variants", choices=["reuse", "estimators", "all"], default=None,
                         help="estimator/CFG-branch/check variants swept beside the thresholds "
                         "(default all; quick reuse)")
+    parser.add_argument("--variant", action="append", default=None, metavar="SPEC", dest="variant_specs",
+                        help="instead of --variants, explicit variants (repeatable): "
+                        "reuse|forecast|damped_forecast[,o=N][,d=X][,separate][,check=X]")
     parser.add_argument("--only", default=None, metavar="REGEX",
                         help="only configurations whose label matches (e.g. 'MagCache \\(published\\)')")
     parser.add_argument("--methods", nargs="*", choices=["teacache", "magcache", "easycache", "lazycache"],
@@ -123,7 +126,8 @@ def main(argv: list[str]) -> int:
                              args.cfg, args.samplers, kinds=args.kinds, variants=args.variants, only=args.only,
                              methods=args.methods, constants=args.constants,
                              teacache_thresholds=args.teacache_thresholds,
-                             magcache_thresholds=args.magcache_thresholds, magcache_ks=args.magcache_ks)
+                             magcache_thresholds=args.magcache_thresholds, magcache_ks=args.magcache_ks,
+                             variant_specs=args.variant_specs)
     settings_out = []
     models_out = {}
     for kind in [] if args.no_sweep else plan.kinds:

@@ -59,6 +59,9 @@ class ResidualHistory:
                 self.times.clear()
             else:
                 return self.slots[self._order[-1]]
+        for index, slot in enumerate(self.slots):  # one the history no longer uses
+            if index not in self._order:
+                return slot
         if len(self.slots) < self.capacity:
             device = self.offload_device if self.offload_device is not None else like.device
             self.slots.append(torch.empty(like.shape, dtype=like.dtype, device=device,

@@ -142,7 +142,7 @@ class ActiveRun:
                signal: Callable[[], torch.Tensor] | None) -> StackCall:
         try:
             branches = options.get("cond_or_uncond") or (0,)
-            keys = options.get("uuids") or branches
+            keys = entry_keys(options.get("uuids") or [None] * len(branches), branches)
             return self.cache.begin(options["sigmas"], keys, branches, stack_input, signal)
         except Exception as error:  # never break sampling over the cache
             self._give_up(error)
@@ -161,9 +161,10 @@ class ActiveRun:
         if not self.cache.enabled:
             return None
         try:
-            keys = [[c.get("uuid") for c in (branch or ())] for branch in conds]
-            if any(key is None for branch in keys for key in branch):
+            uuids = [[c.get("uuid") for c in (branch or ())] for branch in conds]
+            if any(uuid is None for branch in uuids for uuid in branch):
                 return None
+            keys = [entry_keys(branch, [index] * len(branch)) for index, branch in enumerate(uuids)]
             return self.cache.plan_branches(sigma, keys)
         except Exception as error:
             self._give_up(error)
@@ -198,6 +199,19 @@ class ActiveRun:
         else:
             out["img"] = cached
         return out
+
+
+def entry_keys(uuids: list, branches: list[int] | tuple[int, ...]) -> list[tuple]:
+    """A key per conditioning entry of a call: (uuid, branch, occurrence). The uuid alone is not
+    unique: for area conditioning ComfyUI gives the other branch a copy of an entry, uuid and all
+    (samplers.create_cond_with_same_area_if_none), so both branches' entries carry it."""
+    seen: dict[tuple, int] = {}
+    keys = []
+    for uuid, branch in zip(uuids, branches, strict=True):
+        occurrence = seen.get((uuid, branch), 0)
+        seen[(uuid, branch)] = occurrence + 1
+        keys.append((uuid, branch, occurrence))
+    return keys
 
 
 def passthrough(args: dict) -> dict:

@@ -463,7 +463,8 @@ def test_each_branch_keeps_its_own_residual(h, log, family):
         if not call.skipped:
             return
         assert len(call.branches) == 2
-        cond, uncond = (call.run.cache._entries[key].history.residuals()[-1] for key in options["uuids"])
+        cond, uncond = (call.run.cache._entries[(key, branch, 0)].history.residuals()[-1]
+                        for key, branch in zip(options["uuids"], options["cond_or_uncond"], strict=True))
         assert cond.shape[0] == uncond.shape[0] == batch
         assert not torch.equal(cond, uncond), "cond and uncond share a residual"
         if block_family:

@@ -39,6 +39,28 @@ class Variant:
                 "cfg_branches": self.branches, "first_block_check": self.check}
 
 
+def parse_variant(spec: str) -> Variant:
+    """``reuse|forecast|damped_forecast[,o=N][,d=X][,separate][,check=X]``, e.g.
+    ``damped_forecast,d=0.3,separate,check=0.05``."""
+    name, *options = [token.strip() for token in spec.split(",")]
+    if name not in ("reuse", "forecast", "damped_forecast"):
+        raise ValueError(f"unknown estimator {name!r} in variant {spec!r}")
+    fields: dict = {"estimator": name}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "o":
+            fields["order"] = int(value)
+        elif key == "d":
+            fields["damping"] = float(value)
+        elif key == "separate":
+            fields["branches"] = "separate"
+        elif key == "check":
+            fields["check"] = float(value)
+        else:
+            raise ValueError(f"unknown option {option!r} in variant {spec!r}")
+    return Variant(**fields)
+
+
 DEFAULT_VARIANT = Variant()
 # What the sweeps combine the thresholds with (``--variants``).
 VARIANT_PRESETS: dict[str, list[Variant]] = {
@@ -186,7 +208,7 @@ def make_plan(quick: bool, classes: int | None, seeds: int | None, batch: int, r
               cfg: float, samplers: list[str] | None, kinds: list[str] | None = None, variants: str | None = None,
               only: str | None = None, methods: list[str] | None = None, constants: list[str] | None = None,
               teacache_thresholds: list[float] | None = None, magcache_thresholds: list[float] | None = None,
-              magcache_ks: list[int] | None = None) -> Plan:
+              magcache_ks: list[int] | None = None, variant_specs: list[str] | None = None) -> Plan:
     """The sweep. Evaluation uses classes 0..n-1 and seeds 0..s-1; calibration uses the next
     classes (disjoint from evaluation while there are enough) and its own seed. ``reps`` 0 is a
     quality-only sweep (no interleaved timing)."""
@@ -223,4 +245,6 @@ def make_plan(quick: bool, classes: int | None, seeds: int | None, batch: int, r
         plan.magcache_thresholds = magcache_thresholds
     if magcache_ks:
         plan.magcache_ks = magcache_ks
+    if variant_specs:
+        plan.variants = [parse_variant(spec) for spec in variant_specs]
     return plan
