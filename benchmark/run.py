@@ -55,7 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(default all; quick reuse)")
     parser.add_argument("--variant", action="append", default=None, metavar="SPEC", dest="variant_specs",
                         help="instead of --variants, explicit variants (repeatable): "
-                        "reuse|forecast|damped_forecast[,o=N][,d=X][,separate][,check=X]")
+                        "reuse|forecast|damped_forecast[,o=N][,d=X][,separate][,hindsight=X|,first_block=X]")
     parser.add_argument("--only", default=None, metavar="REGEX",
                         help="only configurations whose label matches (e.g. 'MagCache \\(published\\)')")
     parser.add_argument("--methods", nargs="*", choices=["teacache", "magcache", "easycache", "lazycache"],

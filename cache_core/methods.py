@@ -10,7 +10,8 @@ Every method shares the estimator-level choices:
 - ``estimator``: what a skipped call returns (cache_core/estimators);
 - ``separate_branches``: CFG branches are evaluated in calls of their own when one may skip and
   another must compute (``RunCache.plan_branches``), instead of the batch computing for both;
-- ``check_tolerance``: the first-block check (``RunCache.after_head``), None when off.
+- ``check`` and ``check_tolerance``: a check against real computation that can veto a skip:
+  "first_block" (``RunCache.after_head``) or "hindsight" (``RunCache._estimate_error``), None off.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class CalibrationError(ValueError):
 class MethodConfig(ABC):
     estimator: EstimatorSpec = field(default_factory=EstimatorSpec)
     separate_branches: bool = False
-    check_tolerance: float | None = None
+    check: str | None = None
+    check_tolerance: float = 0.1
 
     # The tag of this method's calibrations (saved files, the MAG_RATIOS / TEACACHE_COEFFICIENTS
     # sockets), its name in logs, and the node that calibrates it; None where it has none.

@@ -12,13 +12,18 @@ last computed calls, as many as the estimator uses, in that entry's rows:
   call of its own and the other way round (``plan_branches``: separate CFG branches).
 - a skipped call returns stack input + the estimator's weighted sum of the entry's residuals at
   the call's model time (``history.estimate``).
-- with the first-block check on, a call the policy would skip first runs the head block for real
-  and compares the head block's residual with the estimator's forecast of it (from the head
-  block's residuals of the same computed calls): the skip goes ahead only where they agree; else
-  the call computes, continuing from the head block's output, so nothing is run twice.
+- two checks against real computation can veto a skip the policy wants (``check``):
+  ``first_block``: the call first runs the head block for real and compares the head block's
+  residual with the estimator's forecast of it (from the head block's residuals of the same
+  computed calls); the skip goes ahead only where they agree, else the call computes, continuing
+  from the head block's output, so nothing is run twice. ``hindsight``: every computed call
+  compares its fresh residual with what the estimator would have returned for it (the error a
+  skip there would have made, free to measure); an entry skips only while that last measured
+  error is within the tolerance.
 
 Hot path: one host sync per sampler evaluation (the current sigma, to find the step), one more
-per TeaCache decision (the signal) and per checked call (the head block's error); one copy of the
+per TeaCache decision (the signal), per checked call (the head block's error) and per computed
+call with the hindsight check (its measured error, read at the next decision); one copy of the
 stack input and one subtraction per entry (into its preallocated slot) per computed call; a
 skipped call is one addition per entry for reuse, one weighted sum (float32) per entry for a
 forecast.
@@ -42,12 +47,13 @@ from .stats import BRANCH_NAMES, BranchStats, RunStats
 # The head block's residual is compared on at most this many values per row (a strided sample),
 # so checking costs little memory on large models.
 CHECK_SAMPLES = 8192
+CHECKS = (None, "first_block", "hindsight")
 
 
 class Entry:
     """One conditioning entry of the run: its decision state and its kept residuals."""
 
-    __slots__ = ("branch", "head", "history", "key", "signal", "state")
+    __slots__ = ("branch", "head", "hindsight", "hindsight_gap", "history", "key", "signal", "state")
 
     def __init__(self, key: Hashable, branch: int, state: EntryState, history: ResidualHistory,
                  head: ResidualHistory | None) -> None:
@@ -57,12 +63,17 @@ class Entry:
         self.history = history
         self.head = head  # head-block residuals of the same computed calls (first-block check)
         self.signal: torch.Tensor | None = None  # TeaCache: its rows of the last call's signal
+        # Hindsight check: the estimator's relative error at the last computed call (a 0-d tensor
+        # until the next decision reads it).
+        self.hindsight: torch.Tensor | float | None = None
+        self.hindsight_gap = 0.0  # the model time the measured estimate bridged
 
     def clear(self) -> None:
         self.history.clear()
         if self.head is not None:
             self.head.clear()
         self.signal = None
+        self.hindsight = None
 
 
 @dataclass(eq=False)
@@ -124,7 +135,8 @@ class RunCache:
         measure: bool = False,
         record_trace: bool = False,
         observer: RunObserver | None = None,
-        check_tolerance: float | None = None,
+        check: str | None = None,
+        check_tolerance: float = 0.1,
         head_cost: float = 0.0,
     ) -> None:
         self.schedule = schedule
@@ -136,10 +148,14 @@ class RunCache:
         self.observer = observer
         if observer is not None:
             observer.start(schedule)
-        # First-block check: the largest relative L1 error of the head block's forecast at which a
-        # skip goes ahead (None: off), and the head block's share of the stack's work.
+        if check not in CHECKS:
+            raise ValueError(f"unknown check {check!r}; one of {', '.join(str(c) for c in CHECKS)}")
+        # The check ("first_block", "hindsight" or None), the largest relative L1 error at which a
+        # skip goes ahead, and the head block's share of the stack's work (first-block check).
+        self.check = check
         self.check_tolerance = check_tolerance
         self.head_cost = head_cost
+        self.refused = 0  # decisions to skip that a check turned into computing
         reason = None
         if not (policy.can_skip or measure):
             reason = policy.never_skips_because or "these settings never skip (threshold 0)"
@@ -162,7 +178,24 @@ class RunCache:
 
     @property
     def checks(self) -> bool:
-        return self.check_tolerance is not None
+        """The first-block check is on: the head block runs before a call is decided."""
+        return self.check == "first_block"
+
+    def _verified(self, entry: Entry, step: int) -> bool:
+        """Hindsight check: the error a skip of ``step`` would make, predicted from the error the
+        estimator made at the entry's last computed call, is within the tolerance (or nothing has
+        been measured yet). The measured error spanned a gap g of model time; a skip now spans h
+        (from the last computed call); the error grows as (h / g)^p, p the estimator's order of
+        error (1 for reuse, 2 for a first-order forecast)."""
+        value = entry.hindsight
+        if value is None:
+            return True
+        if isinstance(value, torch.Tensor):
+            value = entry.hindsight = float(value)  # the one host sync of the measurement
+        gap = self.schedule.step_times[step] - entry.history.times[-1] if entry.history.count else 0.0
+        if gap > 0.0 and entry.hindsight_gap > 0.0:
+            value *= (gap / entry.hindsight_gap) ** self.estimator.error_order
+        return value <= self.check_tolerance
 
     def disable(self, reason: str) -> None:
         """Stop skipping for the rest of the run (logged once by the caller)."""
@@ -208,7 +241,7 @@ class RunCache:
         for index in present:
             entries = [self._entry(key, index) for key in branch_keys[index]]
             wants = all(
-                (e.state.skip if e.state.decided_step == step else self.policy.decide(e.state, step, None))
+                (e.state.skip if e.state.decided_step == step else self._decide(e, step, None))
                 and e.history.count > 0
                 for e in entries
             )
@@ -216,6 +249,17 @@ class RunCache:
         if not skipping or not computing:
             return None
         return [computing, skipping]
+
+    def _decide(self, entry: Entry, step: int, signal: float | None) -> bool:
+        """The policy's wish for this step, vetoed by the hindsight check (once per step)."""
+        state = entry.state
+        if state.wanted_step == step:
+            return state.want
+        want = self.policy.decide(state, step, signal)
+        if want and self.check == "hindsight" and not self._verified(entry, step):
+            want = state.want = False
+            self.refused += 1
+        return want
 
     # The block stack ---------------------------------------------------------------------
 
@@ -240,17 +284,17 @@ class RunCache:
 
         wants = [e.state.skip for e in entries]
         if undecided:
-            policy = self.policy
             changes: list[float | None] | None = None
-            if signal is not None and policy.uses_signal:
+            if signal is not None and self.policy.uses_signal:
                 changes = self._signal_changes(entries, signal(), step, branches)
             for index, entry in enumerate(entries):
                 if entry.state.decided_step != step:
                     change = changes[index] if changes is not None else None
-                    wants[index] = policy.decide(entry.state, step, change)
+                    wants[index] = self._decide(entry, step, change)
                     if self.trace is not None:
                         self.trace.append({"step": step, "key": str(keys[index]), "branch": entry.branch,
-                                           "signal": change, "wants_skip": wants[index], **entry.state.trace()})
+                                           "signal": change, "wants_skip": wants[index], "hindsight": entry.hindsight,
+                                           **entry.state.trace()})
 
         row_like = stack_input[:rows]
         skip = all(wants) and not self.measure and all(e.history.fits(row_like) for e in entries)
@@ -298,7 +342,9 @@ class RunCache:
         measured = torch.stack(errors).float().tolist()  # the one host sync of a check
         if self.trace is not None:
             self.trace.append({"step": call.step, "check_errors": measured})
-        return self._checked(call, skip=all(e <= self.check_tolerance for e in measured))
+        skip = all(e <= self.check_tolerance for e in measured)
+        self.refused += not skip
+        return self._checked(call, skip=skip)
 
     def _checked(self, call: StackCall, skip: bool) -> StackCall:
         call.checking = False
@@ -359,12 +405,17 @@ class RunCache:
             for entry in call.entries:  # this shape cannot be cached; it keeps computing
                 entry.clear()
             return
-        # Residuals kept on another device (cache_device) are computed here first, into the copy.
+        # Residuals kept on another device (cache_device), or measured by the hindsight check, are
+        # computed here first, into the copy.
         offloaded = self.cache_device is not None and self.cache_device != stack_output.device
-        residual = torch.sub(stack_output, stack_input, out=stack_input) if offloaded else None
+        hindsight = self.check == "hindsight"
+        residual = torch.sub(stack_output, stack_input, out=stack_input) if offloaded or hindsight else None
         for index, entry in enumerate(call.entries):
             part = slice(index * rows, (index + 1) * rows)
-            slot = entry.history.slot_for(stack_input[part], call.time)
+            kept = entry.history
+            if hindsight:
+                entry.hindsight = self._estimate_error(entry, residual[part], call.time)
+            slot = kept.slot_for(stack_input[part], call.time)
             if residual is None:
                 torch.sub(stack_output[part], stack_input[part], out=slot)
             else:
@@ -378,6 +429,17 @@ class RunCache:
             if self.observer is not None:
                 self.observer.residual(call.step, (entry.branch,),
                                        residual[part] if residual is not None else slot)
+
+    def _estimate_error(self, entry: Entry, residual: torch.Tensor, time: float) -> torch.Tensor | None:
+        """Relative L1 error of what the estimator would have returned for this call: a 0-d
+        tensor, read (synced) only when the next decision needs it."""
+        kept = entry.history
+        if not kept.fits(residual) or time <= kept.times[-1] + history_ops.SAME_TIME:
+            return None
+        entry.hindsight_gap = time - kept.times[-1]
+        estimate = history_ops.weighted_sum(kept.residuals(), self.estimator.weights(kept.times, time),
+                                            residual.device)
+        return estimate.sub_(residual).abs_().mean() / residual.abs().mean().clamp_min(1e-12)
 
     # Results -----------------------------------------------------------------------------
 
@@ -418,6 +480,8 @@ class RunCache:
             rows_skipped=self.rows_skipped,
             rows_checked=self.rows_checked,
             head_cost=self.head_cost if self.checks else 0.0,
+            check=self.check,
+            refused=self.refused,
             disabled_reason=self.disabled_reason,
             trace=tuple(self.trace or ()),
         )

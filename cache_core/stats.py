@@ -40,6 +40,8 @@ class RunStats:
     rows_skipped: int = 0
     rows_checked: int = 0
     head_cost: float = 0.0
+    check: str | None = None
+    refused: int = 0  # decisions to skip that the check turned into computing
     estimator: str = "reuse"
     disabled_reason: str | None = None
     trace: tuple[dict, ...] = field(default=(), repr=False)
@@ -70,6 +72,8 @@ class RunStats:
         method = self.method if self.estimator == "reuse" else f"{self.method} + {self.estimator}"
         checked = (f", {self.rows_checked} checked by the first block (+{self.head_cost:.2g} row each)"
                    if self.rows_checked else "")
+        if self.check:
+            checked += f", {self.refused} skips refused by the {self.check.replace('_', '-')} check"
         return (
             f"{method}: " + ", ".join(parts or ["no model calls"])
             + f"; block stack ran {self.calls_computed}/{calls} calls, {self.rows_computed}/{rows} rows{checked}"
@@ -94,6 +98,8 @@ class RunStats:
             "rows_skipped": self.rows_skipped,
             "rows_checked": self.rows_checked,
             "head_cost": round(self.head_cost, 6),
+            "check": self.check,
+            "refused": self.refused,
             "stack_speedup": round(self.stack_speedup, 4),
             "row_speedup": round(self.row_speedup, 4),
             "disabled_reason": self.disabled_reason,

@@ -35,6 +35,7 @@ VARIANT_TOOLTIP = (
 
 ESTIMATOR_OPTIONS = ["reuse", "forecast", "damped_forecast"]
 CFG_BRANCH_OPTIONS = ["together", "separate"]
+CHECK_OPTIONS = ["off", "hindsight", "first_block"]
 
 
 def estimator_inputs() -> list:
@@ -60,23 +61,29 @@ def estimator_inputs() -> list:
             "one may skip and the other must compute, they run as separate calls and only the one that "
             "must computes (TeaCache: every step, as each branch decides from its own signal).",
         ),
-        io.Float.Input(
-            "first_block_check", default=0.0, min=0.0, max=10.0, step=0.01, optional=True,
-            tooltip="0: off. Above 0, a step the rule would skip first runs the first block and compares its "
-            "real output with the estimator's forecast of it (relative mean absolute error); the step "
-            "skips only if the error is at most this value, else it computes. Costs one block per "
-            "skipped step; not available where a model family has no block hooks.",
+        io.Combo.Input(
+            "check", options=CHECK_OPTIONS, default="off", optional=True,
+            tooltip="A check against real computation that can refuse a skip the rule allows. hindsight: "
+            "every computed step measures what the estimator would have got wrong there (free); a branch "
+            "skips only while that error is at most check_tolerance. first_block: a step the rule would "
+            "skip first runs the first block and compares its output with the estimator's forecast of it; "
+            "it skips only if they agree within check_tolerance (costs one block per skipped step; not "
+            "available where a model family has no block hooks).",
         ),
+        io.Float.Input("check_tolerance", default=0.1, min=0.0, max=10.0, step=0.005, optional=True,
+                       tooltip="check: the largest relative error (mean absolute error over mean absolute "
+                       "value of the residual) at which a skip goes ahead. Lower is more faithful and slower."),
     ]
 
 
 def shared_settings(estimator: str, forecast_order: int, forecast_damping: float, cfg_branches: str,
-                    first_block_check: float) -> dict:
+                    check: str, check_tolerance: float) -> dict:
     """MethodConfig fields from the shared inputs."""
     return {
         "estimator": EstimatorSpec(estimator, order=forecast_order, damping=forecast_damping),
         "separate_branches": cfg_branches == "separate",
-        "check_tolerance": first_block_check if first_block_check > 0.0 else None,
+        "check": None if check == "off" else check,
+        "check_tolerance": check_tolerance,
     }
 
 
@@ -187,7 +194,7 @@ class ApplyTeaCache(ValidatedNode):
                 max_consecutive_skips: int, cache_device: str, variant: str = "auto",
                 coefficients: Calibration | tuple[float, ...] | None = None, estimator: str = "reuse",
                 forecast_order: int = 1, forecast_damping: float = 0.5, cfg_branches: str = "together",
-                first_block_check: float = 0.0) -> io.NodeOutput:
+                check: str = "off", check_tolerance: float = 0.1) -> io.NodeOutput:
         family = resolve_family(model, "ApplyTeaCache")
         if family is None:
             return io.NodeOutput(model)
@@ -195,7 +202,7 @@ class ApplyTeaCache(ValidatedNode):
         config = TeaCacheConfig(
             threshold=threshold, max_consecutive_skips=max_consecutive_skips, start_percent=start_percent,
             end_percent=end_percent,
-            **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, first_block_check),
+            **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, check, check_tolerance),
         )
         calibration = calibration_for(config, "ApplyTeaCache", model, family, coefficients)
         if calibration is not None:
@@ -257,14 +264,14 @@ class ApplyMagCache(ValidatedNode):
     def execute(cls, model: object, threshold: float, max_consecutive_skips: int, retention_ratio: float,
                 cache_device: str, variant: str = "auto", ratios: Calibration | MagRatios | None = None,
                 estimator: str = "reuse", forecast_order: int = 1, forecast_damping: float = 0.5,
-                cfg_branches: str = "together", first_block_check: float = 0.0) -> io.NodeOutput:
+                cfg_branches: str = "together", check: str = "off", check_tolerance: float = 0.1) -> io.NodeOutput:
         family = resolve_family(model, "ApplyMagCache")
         if family is None:
             return io.NodeOutput(model)
         check_variant(family, variant, "ApplyMagCache")
         config = MagCacheConfig(
             threshold=threshold, max_consecutive_skips=max_consecutive_skips, retention_ratio=retention_ratio,
-            **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, first_block_check),
+            **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, check, check_tolerance),
         )
         calibration = calibration_for(config, "ApplyMagCache", model, family, ratios)
         if calibration is not None:

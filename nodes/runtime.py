@@ -331,14 +331,14 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
     method = settings.method
     policy = method.build_policy(schedule, family.variant(variant_name))
     blocks = len(family.block_keys(model.diffusion_model))
-    check = method.check_tolerance
-    if check is not None and not blocks:
+    check = method.check
+    if check == "first_block" and not blocks:
         LOGGER.info("[StepCache] %s: the first-block check needs block hooks, which ComfyUI does not give "
                     "this family; it is off for this model", family.name)
         check = None
     cache = RunCache(
         schedule, policy, cache_device=resolve_cache_device(settings.cache_device), measure=method.measures,
-        record_trace=settings.record_trace, observer=observer, check_tolerance=check,
+        record_trace=settings.record_trace, observer=observer, check=check, check_tolerance=method.check_tolerance,
         head_cost=1.0 / blocks if blocks else 0.0,
     )
     reason = reason_not_to_skip(settings, guider, schedule)

@@ -52,7 +52,7 @@ class NodeSpec:
 
 # The optional inputs both Apply nodes share (nodes/apply_nodes.py), and their defaults.
 ESTIMATOR_DEFAULTS = {"estimator": "reuse", "forecast_order": 1, "forecast_damping": 0.5, "cfg_branches": "together",
-                      "first_block_check": 0.0}
+                      "check": "off", "check_tolerance": 0.1}
 ESTIMATOR_WIDGETS = tuple(ESTIMATOR_DEFAULTS)
 
 SPECS: dict[str, NodeSpec] = {

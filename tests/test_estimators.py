@@ -251,7 +251,7 @@ def test_teacache_branches_each_get_their_own_call(core):
 
 def test_the_first_block_check_skips_only_where_the_head_block_agrees(core):
     schedule = core.RunSchedule.from_sigmas([1 - i / 8 for i in range(9)])
-    cache = magcache_run(core, schedule, check_tolerance=0.1, head_cost=0.25)
+    cache = magcache_run(core, schedule, check="first_block", check_tolerance=0.1, head_cost=0.25)
     head = torch.randn(1, 6, 4)
 
     def call_at(step: int, head_scale: float) -> object:
@@ -318,3 +318,38 @@ def test_offloaded_history_feeds_the_forecast(core):
     (entry,) = cache._entries.values()
     assert entry.history.count == 2 and entry.history.offload_device == other
     assert cache.close().rows_skipped == 1
+
+
+@pytest.mark.parametrize(("jump", "pattern", "refused"), [(1.0, "CCCSSS", 0), (5.0, "CCCCSS", 1)])
+def test_the_hindsight_check_refuses_a_skip_after_a_wrong_estimate(core, jump, pattern, refused):
+    """Every computed call measures what the estimator would have returned for it; a skip is
+    refused right after an estimate that was off by more than the tolerance."""
+    steps = 6
+    schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
+    cache = magcache_run(core, schedule, retention=0.5, check="hindsight", check_tolerance=0.1)  # 0-2 compute
+    residuals = {0: 1.0, 1: 1.0, 2: jump, 3: jump}
+    for step in range(steps):
+        x = torch.randn(1, 3, 2)
+        call = cache.begin(sigma(schedule, step), ("c",), (0,), x)
+        if not call.skip:
+            cache.finish(call, x + residuals[step])
+    (entry,) = cache._entries.values()
+    stats = cache.close()
+    assert stats.branches[0].pattern == pattern and stats.refused == refused and stats.check == "hindsight"
+    assert entry.hindsight is None  # freed with the run
+
+
+def test_the_hindsight_check_scales_the_measured_error_to_the_gap(core):
+    """The error measured over one gap predicts a skip's error over another by the estimator's
+    order of error: reuse errs in proportion to the gap, a first-order forecast to its square."""
+    steps = 10
+    schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
+    for name, allowed_two_steps_on in (("reuse", True), ("forecast", False)):
+        cache = magcache_run(core, schedule, name, check="hindsight", check_tolerance=0.1)
+        entry = cache._entry("c", 0)
+        slot = entry.history.slot_for(torch.zeros(1), 0.3)
+        entry.history.commit(slot, 0.3)
+        entry.hindsight, entry.hindsight_gap = torch.tensor(0.03), 0.1  # measured over one step
+        assert cache._verified(entry, 4)  # one step on: 0.03
+        assert cache._verified(entry, 5) is allowed_two_steps_on  # two: 0.06 (reuse) or 0.12 (forecast)
+        assert isinstance(entry.hindsight, float)  # read once

@@ -17,8 +17,10 @@ VARIANTS = {
     "damped": dict(estimator="damped_forecast", forecast_damping=0.3),
     "separate": dict(cfg_branches="separate"),
     # A check no step passes: every call runs its head block, then computes from its output.
-    "strict check": dict(first_block_check=1e-9),
-    "all": dict(estimator="damped_forecast", cfg_branches="separate", first_block_check=10.0),
+    "strict first-block": dict(check="first_block", check_tolerance=0.0),
+    "lenient first-block": dict(check="first_block", check_tolerance=10.0),
+    "hindsight": dict(estimator="forecast", check="hindsight", check_tolerance=0.3),
+    "all": dict(estimator="damped_forecast", cfg_branches="separate", check="hindsight", check_tolerance=10.0),
 }
 FORCED_SKIP = dict(threshold=5.0, max_consecutive_skips=100, retention_ratio=0.0)
 
@@ -73,13 +75,15 @@ def test_every_family_skips_with_every_estimator(baselines, family, variant, cap
     assert run["disabled_reason"] is None
     for branch in run["branches"]:
         assert branch["steps_computed"] + branch["steps_skipped"] == job.steps
-    check = VARIANTS[variant].get("first_block_check", 0.0)
-    checks = check > 0.0 and family not in OUTPUT_SPACE
-    if check and not checks:
+    variant_inputs = VARIANTS[variant]
+    head_check = variant_inputs.get("check") == "first_block"
+    checks = head_check and family not in OUTPUT_SPACE
+    if head_check and not checks:
         assert any("first-block check needs block hooks" in r.getMessage() for r in caplog.records)
-    if checks and check < 1e-6:
+    if checks and variant_inputs["check_tolerance"] == 0.0:
         # Every check fails: each call ran its head block and went on from its output, exactly.
         assert run["rows_skipped"] == 0 and torch.equal(first, expected)
+        assert run["refused"] > 0
     else:
         assert run["rows_skipped"] > 0 and not torch.equal(first, expected)
         assert run["rows_checked"] == (run["rows_skipped"] if checks else 0)
@@ -186,10 +190,12 @@ def test_the_first_block_check_runs_the_head_block_and_counts_it(baselines):
 
     model, _ = baselines["flux"]
     blocks = len(model.model.diffusion_model.double_blocks) + len(model.model.diffusion_model.single_blocks)
-    strict, strict_node = apply(model, "magcache", **FORCED_SKIP, **ratios_for("flux"), first_block_check=1e-6)
+    strict, strict_node = apply(model, "magcache", **FORCED_SKIP, **ratios_for("flux"), check="first_block",
+                                check_tolerance=1e-6)
     Job("flux").run(strict)
     assert stats(strict_node)["rows_skipped"] == 0  # random weights: the head block never agrees that closely
-    lenient, node_id = apply(model, "magcache", **FORCED_SKIP, **ratios_for("flux"), first_block_check=10.0)
+    lenient, node_id = apply(model, "magcache", **FORCED_SKIP, **ratios_for("flux"), check="first_block",
+                             check_tolerance=10.0)
     Job("flux").run(lenient)
     run = stats(node_id)
     assert run["rows_checked"] == run["rows_skipped"] > 0 and run["head_cost"] == pytest.approx(1 / blocks)

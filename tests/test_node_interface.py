@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-ESTIMATOR_INPUTS = ["estimator", "forecast_order", "forecast_damping", "cfg_branches", "first_block_check"]
+ESTIMATOR_INPUTS = ["estimator", "forecast_order", "forecast_damping", "cfg_branches", "check", "check_tolerance"]
 INTERFACE = {
     "ApplyTeaCache": (["model", "threshold", "start_percent", "end_percent", "max_consecutive_skips",
                        "cache_device"], ["variant", "coefficients", *ESTIMATOR_INPUTS], ["MODEL"]),

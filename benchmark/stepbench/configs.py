@@ -18,7 +18,8 @@ class Variant:
     order: int = 1
     damping: float = 0.5
     branches: str = "together"
-    check: float = 0.0
+    check: str = "off"  # "off" | "hindsight" | "first_block"
+    tolerance: float = 0.1
 
     @property
     def suffix(self) -> str:
@@ -30,18 +31,18 @@ class Variant:
             parts.append(f"damped {self.damping:g}")
         if self.branches == "separate":
             parts.append("separate CFG")
-        if self.check:
-            parts.append(f"check {self.check:g}")
+        if self.check != "off":
+            parts.append(f"{self.check.replace('_', '-')} {self.tolerance:g}")
         return " + ".join(parts)
 
     def inputs(self) -> dict:
         return {"estimator": self.estimator, "forecast_order": self.order, "forecast_damping": self.damping,
-                "cfg_branches": self.branches, "first_block_check": self.check}
+                "cfg_branches": self.branches, "check": self.check, "check_tolerance": self.tolerance}
 
 
 def parse_variant(spec: str) -> Variant:
-    """``reuse|forecast|damped_forecast[,o=N][,d=X][,separate][,check=X]``, e.g.
-    ``damped_forecast,d=0.3,separate,check=0.05``."""
+    """``reuse|forecast|damped_forecast[,o=N][,d=X][,separate][,hindsight=X|,first_block=X]``, e.g.
+    ``damped_forecast,d=0.3,separate,hindsight=0.05``."""
     name, *options = [token.strip() for token in spec.split(",")]
     if name not in ("reuse", "forecast", "damped_forecast"):
         raise ValueError(f"unknown estimator {name!r} in variant {spec!r}")
@@ -54,8 +55,9 @@ def parse_variant(spec: str) -> Variant:
             fields["damping"] = float(value)
         elif key == "separate":
             fields["branches"] = "separate"
-        elif key == "check":
-            fields["check"] = float(value)
+        elif key in ("hindsight", "first_block"):
+            fields["check"] = key
+            fields["tolerance"] = float(value)
         else:
             raise ValueError(f"unknown option {option!r} in variant {spec!r}")
     return Variant(**fields)
@@ -70,8 +72,9 @@ VARIANT_PRESETS: dict[str, list[Variant]] = {
         DEFAULT_VARIANT, Variant("forecast"), Variant("forecast", order=2), Variant("damped_forecast"),
         Variant(branches="separate"), Variant("forecast", branches="separate"),
         Variant("damped_forecast", branches="separate"),
-        Variant(check=0.1), Variant("forecast", check=0.05), Variant("damped_forecast", check=0.05),
-        Variant("damped_forecast", branches="separate", check=0.05),
+        Variant(check="hindsight"), Variant("damped_forecast", check="hindsight"),
+        Variant("damped_forecast", branches="separate", check="hindsight"),
+        Variant("damped_forecast", check="first_block"),
     ],
 }
 

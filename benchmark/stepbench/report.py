@@ -370,8 +370,8 @@ def _variant_text(v: dict) -> str:
               "damped_forecast": f"damped forecast {v.get('damping', 0.5):g}"}.get(v.get("estimator"), "?")]
     if v.get("branches") == "separate":
         parts.append("separate CFG branches")
-    if v.get("check"):
-        parts.append(f"first-block check {v['check']:g}")
+    if v.get("check") not in (None, "off", 0, 0.0):
+        parts.append(f"{v['check'].replace('_', '-')} check {v.get('tolerance', 0.1):g}")
     return ", ".join(parts)
 
 

@@ -37,6 +37,11 @@ class Estimator(ABC):
         least one; fewer than ``history`` early in a run) for the residual at ``target``."""
 
     @property
+    def error_order(self) -> int:
+        """How the error grows with the gap it bridges: as gap^error_order for a smooth path."""
+        return 1
+
+    @property
     def is_reuse(self) -> bool:
         """True when the estimate is always the last residual itself (weights (1.0,))."""
         return False

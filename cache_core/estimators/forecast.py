@@ -30,6 +30,10 @@ class ForecastEstimator(Estimator):
     def history(self) -> int:
         return self.order + 1
 
+    @property
+    def error_order(self) -> int:
+        return self.order + 1
+
     def weights(self, times: Sequence[float], target: float) -> tuple[float, ...]:
         return lagrange_weights(times, target)
 

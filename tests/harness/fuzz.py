@@ -45,8 +45,9 @@ THRESHOLDS = {"teacache": [0.0, 0.3, 5.0], "magcache": [0.0, 0.1, 5.0]}
 # The Apply nodes' shared inputs: (estimator, forecast_order, forecast_damping).
 ESTIMATORS = [("reuse", 1, 0.5), ("forecast", 1, 0.5), ("forecast", 2, 0.5), ("damped_forecast", 1, 0.5)]
 CFG_BRANCHES = ["together", "separate"]
-# First-block check tolerances: off, strict (most checked steps compute), lenient (most skip).
-CHECKS = [0.0, 0.0, 0.05, 10.0]
+# Checks: off, or (check, tolerance) strict (most checked steps compute) and lenient (most skip).
+CHECKS = [("off", 0.1), ("off", 0.1), ("first_block", 0.05), ("first_block", 10.0), ("hindsight", 0.05),
+          ("hindsight", 10.0)]
 MIN_STEPS_TO_CACHE = 10
 
 
@@ -57,7 +58,7 @@ class RunSpec:
     threshold: float
     estimator: tuple[str, int, float]
     cfg_branches: str
-    first_block_check: float
+    check: tuple[str, float]
     steps: int
     cfg: float
     sampler: str
@@ -102,7 +103,7 @@ def draw(rng: random.Random) -> RunSpec:
         advanced = (start, rng.randrange(start + 1, steps + 1))
     return RunSpec(
         family=family, method=method, threshold=rng.choice(THRESHOLDS[method]), estimator=rng.choice(ESTIMATORS),
-        cfg_branches=rng.choice(CFG_BRANCHES), first_block_check=rng.choice(CHECKS), steps=steps,
+        cfg_branches=rng.choice(CFG_BRANCHES), check=rng.choice(CHECKS), steps=steps,
         cfg=rng.choice([1.0, 3.0, 3.0]), sampler=rng.choice(SAMPLERS), scheduler=rng.choice(SCHEDULERS),
         denoise=rng.choice([1.0, 1.0, 0.6]) if advanced is None else 1.0, batch=rng.choice([1, 1, 2]),
         scale=rng.choice([1, 1, 2]), frames=rng.choice([None, 2, 3]) if family in VIDEO else None,
@@ -172,7 +173,7 @@ class Driver:
         estimator, order, damping = spec.estimator
         inputs: dict[str, Any] = {"threshold": spec.threshold, "estimator": estimator, "forecast_order": order,
                                   "forecast_damping": damping, "cfg_branches": spec.cfg_branches,
-                                  "first_block_check": spec.first_block_check}
+                                  "check": spec.check[0], "check_tolerance": spec.check[1]}
         family = self.families.family_for(self.base_model(spec.family).model)
         if spec.method == "magcache" and not any(v.magcache is not None for v in family.variants):
             inputs["ratios"] = self.borrowed_ratios  # only the mechanics matter on random weights
@@ -183,7 +184,7 @@ class Driver:
         return sampling.apply(self.base_model(spec.family), spec.method, **inputs)
 
     def reused(self, spec: RunSpec) -> tuple[Any, str]:
-        key = (spec.family, spec.method, spec.threshold, spec.estimator, spec.cfg_branches, spec.first_block_check)
+        key = (spec.family, spec.method, spec.threshold, spec.estimator, spec.cfg_branches, spec.check)
         if key not in self.patched:
             self.patched[key] = self.apply(spec)
         return self.patched[key]
@@ -215,7 +216,7 @@ class Driver:
         if not run["rows_checked"] <= run["rows_skipped"] or (run["rows_skipped"] > 0) != (run["calls_skipped"] > 0):
             problems.append(f"rows: {run['rows_skipped']} skipped, {run['rows_checked']} checked, "
                             f"{run['calls_skipped']} calls skipped")
-        if run["rows_checked"] and spec.first_block_check == 0.0:
+        if run["rows_checked"] and spec.check[0] != "first_block":
             problems.append(f"{run['rows_checked']} rows checked with the check off")
         return "; ".join(problems) or None
 
@@ -331,7 +332,7 @@ def soak(runs: int = 200, warmup: int = 20, seed: int = 0, cached: bool = True) 
         family = ("flux", "wan21", "qwen_image")[index % 3]
         spec = RunSpec(family=family, method=("magcache", "teacache")[index % 2], threshold=5.0,
                        estimator=ESTIMATORS[index % len(ESTIMATORS)], cfg_branches=CFG_BRANCHES[index % 2],
-                       first_block_check=0.0, steps=10,
+                       check=CHECKS[index % len(CHECKS)], steps=10,
                        cfg=3.0, sampler="euler", scheduler="simple", denoise=1.0, batch=rng.choice([1, 2, 3]),
                        scale=rng.choice([1, 2, 3]), frames=rng.choice([1, 2, 4]) if family == "wan21" else None,
                        advanced=None, interrupt_after=None, seed=index)
