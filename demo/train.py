@@ -1,6 +1,6 @@
 """Train a demo model on CPU, reproducibly:  ./dev train image|video [--minutes N] [--steps N]
 
-(or ``$COMFYUI_PYTHON -P demo/train.py image``). Writes ``demo/weights/<kind>.safetensors``.
+(or ``./dev py demo/train.py image``). Writes ``demo/weights/<kind>.safetensors``.
 
 Rectified flow exactly as ComfyUI samples Flux and Wan: the model-internal latent x0 (what
 ``process_latent_in`` gives inside KSampler) is noised as ``model_sampling.noise_scaling``
@@ -27,19 +27,19 @@ ComfyUI's transformer blocks update tensors in place (inference code), which aut
 """
 
 if __name__ == "__main__":  # run as a script: boot ComfyUI with the pack, then re-enter as demo.train
-    import pathlib
     import sys
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-    from harness import host
+    from harness import host  # the dev harness package (./dev puts tests/ on PYTHONPATH)
 
     raise SystemExit(host.boot().pack_module("demo.train").main(sys.argv[1:]))
 
 import argparse
+import contextlib
 import copy
 import math
 import pathlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,15 +132,37 @@ def eval_loss(base_model, kind: str, seed: int = 12345, per_class: int = 8) -> f
     return float(torch.cat(losses).mean())
 
 
+@contextlib.contextmanager
+def comfy_training_mode() -> Iterator[None]:
+    """ComfyUI's own training flag, where it has one (0.30.0: ``model_management.in_training``,
+    set by its LoRA training node): with it, layers take their differentiable paths instead of
+    fused kernels that have no backward (comfy_kitchen's RoPE)."""
+    import comfy.model_management
+
+    if not hasattr(comfy.model_management, "in_training"):
+        yield
+        return
+    before = comfy.model_management.in_training
+    comfy.model_management.in_training = True
+    try:
+        yield
+    finally:
+        comfy.model_management.in_training = before
+
+
 def train(kind: str, cfg: TrainConfig, minutes: float, out: pathlib.Path, log_every: int = 50) -> dict:
+    with comfy_training_mode():
+        return _train(kind, cfg, minutes, out, log_every)
+
+
+def _train(kind: str, cfg: TrainConfig, minutes: float, out: pathlib.Path, log_every: int) -> dict:
     torch.set_num_threads(cfg.threads)
     torch.set_flush_denormal(True)  # zero-initialised layers otherwise make the first steps crawl
     torch.manual_seed(cfg.seed)
-    patcher = models.build_model(kind)
+    patcher = models.build_model(kind, models.init_state_dict(kind, cfg.seed))
     base = patcher.model
     net = base.diffusion_model
-    net.load_state_dict(models.init_state_dict(net, cfg.seed))
-    net.train()
+    net.train().requires_grad_(True)  # newer ComfyUI builds inference models without grad
     params = [p for p in net.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -195,7 +217,7 @@ def train(kind: str, cfg: TrainConfig, minutes: float, out: pathlib.Path, log_ev
     net.eval()
     final_train = float(np.mean(running[-100:]))
     held_out = eval_loss(base, kind)
-    models.save_weights(kind, ema.state_dict(), out, getattr(torch, cfg.save_dtype), {
+    models.save_weights(kind, models.checkpoint_state_dict(kind, patcher, ema.state_dict()), out, getattr(torch, cfg.save_dtype), {
         "train_steps": str(step), "train_config": repr(cfg), "eval_loss": f"{held_out:.5f}",
     })
     print(f"[demo.train] done: {step} steps in {wall:.0f}s; train loss (last 100 steps) {final_train:.4f}; "

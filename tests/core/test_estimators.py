@@ -1,4 +1,4 @@
-"""cache_core on its own: estimators, the residual history, skip rules that follow the estimator,
+"""cache_core on its own (no ComfyUI): estimators, the residual history, skip rules that follow the estimator,
 separate CFG branches and the first-block check (no sampler involved; see test_forecast_runs.py
 for the same in ComfyUI's real samplers)."""
 
@@ -6,11 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-
-@pytest.fixture(scope="module")
-def core(host):
-    return host.pack_module("cache_core")
 
 
 def uneven_schedule(core):
