@@ -59,13 +59,16 @@ def estimator_inputs() -> list:
             "cfg_branches", options=CFG_BRANCH_OPTIONS, default="together", optional=True,
             tooltip="together: cond and uncond (batched by ComfyUI) skip only when both may. separate: when "
             "one may skip and the other must compute, they run as separate calls and only the one that "
-            "must computes (TeaCache: every step, as each branch decides from its own signal).",
+            "must computes (TeaCache: every step, as each branch decides from its own signal). The guidance "
+            "scale multiplies the error of a branch skipped alone, so at high cfg this can cost more than "
+            "it saves.",
         ),
         io.Combo.Input(
             "check", options=CHECK_OPTIONS, default="off", optional=True,
             tooltip="A check against real computation that can refuse a skip the rule allows. hindsight: "
             "every computed step measures what the estimator would have got wrong there (free); a branch "
-            "skips only while that error is at most check_tolerance. first_block: a step the rule would "
+            "skips only while that error, scaled to the gap the skip bridges, is at most check_tolerance. "
+            "first_block: a step the rule would "
             "skip first runs the first block and compares its output with the estimator's forecast of it; "
             "it skips only if they agree within check_tolerance (costs one block per skipped step; not "
             "available where a model family has no block hooks).",
