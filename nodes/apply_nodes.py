@@ -12,7 +12,7 @@ from ..cache_core.calibration import Calibration
 from . import calibration_store
 from .runtime import CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
-from .validation import ValidatedNode
+from .validation import Choice, check_related, finite_range
 
 LOGGER = logging.getLogger("stepcache")
 
@@ -70,7 +70,13 @@ def calibration_for(method: str, node: str, model: object, family: families.Fami
     return saved
 
 
-class ApplyTeaCache(ValidatedNode):
+def window_problem(start_percent: float, end_percent: float) -> str | None:
+    if not start_percent < end_percent:
+        return f"start_percent ({start_percent}) must be below end_percent ({end_percent})"
+    return None
+
+
+class ApplyTeaCache(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -85,20 +91,20 @@ class ApplyTeaCache(ValidatedNode):
             inputs=[
                 io.Model.Input("model", tooltip="The diffusion model to cache (place after LoRAs, before the sampler)."),
                 io.Float.Input(
-                    "threshold", default=0.4, min=0.0, max=10.0, step=0.01,
+                    "threshold", default=0.4, **finite_range(0.0, 10.0), step=0.01,
                     tooltip="Accumulated (rescaled) change below which a step is skipped. 0 never skips. "
                     "Published settings: FLUX 0.4 (about 1.8x) to 0.8 (2.25x); Wan 2.1 and others need "
                     "far smaller values (0.05-0.2). Higher is faster and less faithful.",
                 ),
-                io.Float.Input("start_percent", default=0.0, min=0.0, max=1.0, step=0.01,
+                io.Float.Input("start_percent", default=0.0, **finite_range(0.0, 1.0), step=0.01,
                                tooltip="Skipping starts at this point of the denoising (model time)."),
-                io.Float.Input("end_percent", default=1.0, min=0.0, max=1.0, step=0.01,
+                io.Float.Input("end_percent", default=1.0, **finite_range(0.0, 1.0), step=0.01,
                                tooltip="Skipping stops at this point of the denoising (model time)."),
                 io.Int.Input("max_consecutive_skips", default=3, min=1, max=100,
                              tooltip="At most this many steps in a row reuse the cache."),
-                io.Combo.Input("cache_device", options=["main_device", "offload_device"],
+                Choice("cache_device", options=["main_device", "offload_device"],
                                default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
-                io.Combo.Input("variant", options=variant_options("teacache"), default="auto",
+                Choice("variant", options=variant_options("teacache"), default="auto",
                                tooltip=VARIANT_TOOLTIP, optional=True),
                 TeaCacheCoefficientsType.Input(
                     "coefficients", optional=True,
@@ -114,15 +120,17 @@ class ApplyTeaCache(ValidatedNode):
         )
 
     @classmethod
-    def check_inputs(cls, start_percent: float = 0.0, end_percent: float = 1.0, **_: object) -> str | None:
-        if start_percent >= end_percent:
-            return f"start_percent ({start_percent}) must be below end_percent ({end_percent})"
-        return None
+    def validate_inputs(cls, start_percent: float, end_percent: float) -> bool | str:
+        # Only the window's two inputs: ComfyUI lists the answer under each input taken here.
+        return check_related(cls, window_problem, start_percent=start_percent, end_percent=end_percent)
 
     @classmethod
     def execute(cls, model: object, threshold: float, start_percent: float, end_percent: float,
                 max_consecutive_skips: int, cache_device: str, variant: str = "auto",
                 coefficients: Calibration | tuple[float, ...] | None = None) -> io.NodeOutput:
+        problem = window_problem(start_percent, end_percent)  # linked values are only known now
+        if problem is not None:
+            raise ValueError(f"ApplyTeaCache: {problem}")
         family = resolve_family(model, "ApplyTeaCache")
         if family is None:
             return io.NodeOutput(model)
@@ -142,7 +150,7 @@ class ApplyTeaCache(ValidatedNode):
         return io.NodeOutput(install(model, settings, family))
 
 
-class ApplyMagCache(ValidatedNode):
+class ApplyMagCache(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -156,16 +164,16 @@ class ApplyMagCache(ValidatedNode):
             ),
             inputs=[
                 io.Model.Input("model", tooltip="The diffusion model to cache (place after LoRAs, before the sampler)."),
-                io.Float.Input("threshold", default=0.06, min=0.0, max=2.0, step=0.001,
+                io.Float.Input("threshold", default=0.06, **finite_range(0.0, 2.0), step=0.001,
                                tooltip="Accumulated magnitude error allowed while skipping. 0 never skips; "
                                "higher is faster and less faithful."),
                 io.Int.Input("max_consecutive_skips", default=2, min=1, max=100,
                              tooltip="K in the paper: at most this many steps in a row reuse the cache."),
-                io.Float.Input("retention_ratio", default=0.2, min=0.0, max=1.0, step=0.01,
+                io.Float.Input("retention_ratio", default=0.2, **finite_range(0.0, 1.0), step=0.01,
                                tooltip="The first part of the denoising always computes (it lays out the image)."),
-                io.Combo.Input("cache_device", options=["main_device", "offload_device"],
+                Choice("cache_device", options=["main_device", "offload_device"],
                                default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
-                io.Combo.Input("variant", options=variant_options("magcache"), default="auto",
+                Choice("variant", options=variant_options("magcache"), default="auto",
                                tooltip=VARIANT_TOOLTIP, optional=True),
                 MagRatiosType.Input(
                     "ratios", optional=True,

@@ -31,7 +31,7 @@ from ..cache_core.ratios import MagRatios
 from . import calibration_store
 from .runtime import OBSERVERS, CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
-from .validation import ValidatedNode
+from .validation import Choice, check_related, finite_range
 
 LOGGER = logging.getLogger("stepcache")
 
@@ -44,16 +44,16 @@ def sampling_inputs() -> list:
                      tooltip="Noise seed, as in KSampler."),
         io.Int.Input("steps", default=30, min=2, max=10000,
                      tooltip="Calibrate at the step count you sample with (ratios are resampled to other counts)."),
-        io.Float.Input("cfg", default=4.0, min=0.0, max=100.0, step=0.1, round=0.01,
+        io.Float.Input("cfg", default=4.0, **finite_range(0.0, 100.0), step=0.1, round=0.01,
                        tooltip="Classifier-free guidance, as in KSampler; above 1 both CFG branches are measured."),
-        io.Combo.Input("sampler_name", options=comfy.samplers.KSampler.SAMPLERS, default="euler",
+        Choice("sampler_name", options=comfy.samplers.KSampler.SAMPLERS, default="euler",
                        tooltip="Sampler, as in KSampler; the one you will sample with."),
-        io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS, default="simple",
+        Choice("scheduler", options=comfy.samplers.KSampler.SCHEDULERS, default="simple",
                        tooltip="Scheduler, as in KSampler; the one you will sample with."),
         io.Conditioning.Input("positive", tooltip="Positive conditioning, as in KSampler."),
         io.Conditioning.Input("negative", tooltip="Negative conditioning, as in KSampler."),
         io.Latent.Input("latent_image", tooltip="A batch of several latents gives averaged, steadier measurements."),
-        io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
+        io.Float.Input("denoise", default=1.0, **finite_range(0.0, 1.0), step=0.01,
                        tooltip="As in KSampler; calibrate a full denoise (1.0) unless you only ever sample partial ones."),
         io.Boolean.Input("save_calibration", default=True,
                          tooltip="Save under ComfyUI's user directory; the Apply node then finds it for this model."),
@@ -119,7 +119,7 @@ def finish(node: str, calibration: Calibration, save_calibration: bool) -> tuple
     return text, {"text": [text], "stepcache_ratios": series}
 
 
-class MagCacheCalibrate(ValidatedNode):
+class MagCacheCalibrate(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -145,7 +145,7 @@ class MagCacheCalibrate(ValidatedNode):
         return io.NodeOutput(latent, calibration, report, ui=ui)
 
 
-class TeaCacheCalibrate(ValidatedNode):
+class TeaCacheCalibrate(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -211,7 +211,15 @@ def ratios_from_text(ratios: str, calibrated_steps: int, interleaved: bool) -> M
     return MagRatios.from_table(values, steps, interleaved, source="ratios entered as text")
 
 
-class MagCacheRatiosFromText(ValidatedNode):
+def ratio_text_problem(text: str, calibrated_steps: int, interleaved: bool) -> str | None:
+    try:
+        ratios_from_text(text, calibrated_steps, interleaved)
+    except ValueError as error:
+        return f"ratios: {error}"
+    return None
+
+
+class MagCacheRatiosFromText(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -231,12 +239,10 @@ class MagCacheRatiosFromText(ValidatedNode):
         )
 
     @classmethod
-    def check_inputs(cls, text: str = "", calibrated_steps: int = 0, interleaved: bool = False) -> str | None:
-        try:
-            ratios_from_text(text, calibrated_steps, interleaved)
-        except ValueError as error:
-            return f"ratios: {error}"
-        return None
+    def validate_inputs(cls, text: str, calibrated_steps: int, interleaved: bool) -> bool | str:
+        # The three together make the table: ComfyUI lists the answer under each of them.
+        return check_related(cls, ratio_text_problem, text=text, calibrated_steps=calibrated_steps,
+                             interleaved=interleaved)
 
     @classmethod
     def execute(cls, text: str, calibrated_steps: int, interleaved: bool) -> io.NodeOutput:
@@ -252,7 +258,15 @@ def coefficients_from_text(coefficients: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-class TeaCacheCoefficientsFromText(ValidatedNode):
+def coefficient_text_problem(text: str) -> str | None:
+    try:
+        coefficients_from_text(text)
+    except ValueError as error:
+        return f"coefficients: {error}"
+    return None
+
+
+class TeaCacheCoefficientsFromText(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -266,12 +280,8 @@ class TeaCacheCoefficientsFromText(ValidatedNode):
         )
 
     @classmethod
-    def check_inputs(cls, text: str = "") -> str | None:
-        try:
-            coefficients_from_text(text)
-        except ValueError as error:
-            return f"coefficients: {error}"
-        return None
+    def validate_inputs(cls, text: str) -> bool | str:
+        return check_related(cls, coefficient_text_problem, text=text)
 
     @classmethod
     def execute(cls, text: str) -> io.NodeOutput:
