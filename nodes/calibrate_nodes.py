@@ -71,9 +71,11 @@ def detect_variant(family: families.Family, model: object, positive: list, negat
 
 
 def measure(node: str, method: str, model: object, seed: int, steps: int, cfg: float, sampler_name: str,
-            scheduler: str, positive: list, negative: list, latent_image: dict, denoise: float
-            ) -> tuple[dict, Calibration]:
-    """Sample once with every step computed and measured; returns the LATENT and the calibration."""
+            scheduler: str, positive: list, negative: list, latent_image: dict, denoise: float,
+            node_id: str | None = None) -> tuple[dict, Calibration]:
+    """Sample once with every step computed and measured; returns the LATENT and the calibration.
+
+    The run reports its statistics under ``node_id`` (the calibrate node's), like an Apply node's."""
     family = families.family_for(model.model)
     if family is None:
         raise ValueError(f"{node}: {families.unsupported_reason(model.model)}; there is nothing to calibrate")
@@ -81,7 +83,8 @@ def measure(node: str, method: str, model: object, seed: int, steps: int, cfg: f
     key = uuid.uuid4().hex
     OBSERVERS[key] = recorder
     try:
-        measuring = install(model, CacheSettings(method="measure", family=family.name, calibration_key=key), family)
+        settings = CacheSettings(method="measure", family=family.name, calibration_key=key, node_id=node_id)
+        measuring = install(model, settings, family)
         (latent,) = comfy_nodes.common_ksampler(measuring, seed, steps, cfg, sampler_name, scheduler, positive,
                                                 negative, latent_image, denoise=denoise)
     finally:
@@ -104,6 +107,11 @@ def measure(node: str, method: str, model: object, seed: int, steps: int, cfg: f
     except CalibrationError as error:
         raise ValueError(f"{node}: the measurement cannot be used: {error}") from error
     return latent, calibration
+
+
+def node_id_of(node: type[io.ComfyNode]) -> str | None:
+    """The id of the graph node running; None when called as a library, outside ComfyUI's executor."""
+    return node.hidden.unique_id if node.hidden is not None else None
 
 
 def finish(node: str, calibration: Calibration, save_calibration: bool) -> tuple[str, dict]:
@@ -133,6 +141,7 @@ class MagCacheCalibrate(io.ComfyNode):
             ),
             inputs=sampling_inputs(),
             outputs=[io.Latent.Output("LATENT"), MagRatiosType.Output("ratios"), io.String.Output("report")],
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
@@ -140,7 +149,7 @@ class MagCacheCalibrate(io.ComfyNode):
                 positive: list, negative: list, latent_image: dict, denoise: float,
                 save_calibration: bool) -> io.NodeOutput:
         latent, calibration = measure("MagCacheCalibrate", "magcache", model, seed, steps, cfg, sampler_name,
-                                      scheduler, positive, negative, latent_image, denoise)
+                                      scheduler, positive, negative, latent_image, denoise, node_id_of(cls))
         report, ui = finish("MagCacheCalibrate", calibration, save_calibration)
         return io.NodeOutput(latent, calibration, report, ui=ui)
 
@@ -165,6 +174,7 @@ class TeaCacheCalibrate(io.ComfyNode):
             ],
             outputs=[io.Latent.Output("LATENT"), TeaCacheCoefficientsType.Output("coefficients"),
                      io.String.Output("report")],
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
@@ -172,7 +182,7 @@ class TeaCacheCalibrate(io.ComfyNode):
                 positive: list, negative: list, latent_image: dict, denoise: float, save_calibration: bool,
                 add_to: Calibration | None = None) -> io.NodeOutput:
         latent, calibration = measure("TeaCacheCalibrate", "teacache", model, seed, steps, cfg, sampler_name,
-                                      scheduler, positive, negative, latent_image, denoise)
+                                      scheduler, positive, negative, latent_image, denoise, node_id_of(cls))
         if add_to is not None:
             calibration = merge("TeaCacheCalibrate", add_to, calibration)
         report, ui = finish("TeaCacheCalibrate", calibration, save_calibration)

@@ -47,12 +47,20 @@ def _is_nan(value: object) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
+class ComboOptions(list):
+    """A combo's options as its input type: a list, which 0.3.75 checks values against, that can
+    also be a dict key (0.30.0 looks every input type up among its dynamic input types)."""
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+
 class Choice(io.Combo.Input):
     """A combo input whose type is its list of options (ComfyUI's original combo form), so that
     every supported ComfyUI checks its value itself. The frontend shows it as any combo."""
 
-    def get_io_type(self) -> list:
-        return list(self.options)
+    def get_io_type(self) -> ComboOptions:
+        return ComboOptions(self.options)
 
 
 def finite_range(low: float, high: float) -> dict[str, FiniteBound]:
