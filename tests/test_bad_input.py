@@ -17,6 +17,7 @@ import pathlib
 
 import pytest
 
+from harness.host import comfyui_version
 from harness.server import PromptRejected
 
 pytestmark = pytest.mark.server
@@ -146,6 +147,7 @@ def test_bad_widget_values_are_refused_for_that_node(server, pack_inputs, class_
             assert_reported_once(rejected.value.body, node_id, name, class_type, where)
             checked += 1
     assert checked >= len(widgets) - sum(1 for s in widgets.values() if s[0] == "BOOLEAN")
+    assert server.get("/system_stats")["system"]["comfyui_version"] == comfyui_version()
 
 
 def assert_reported_once(body: dict, node_id: str, name: str, class_type: str, where: str) -> None:

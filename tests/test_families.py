@@ -5,42 +5,30 @@ from __future__ import annotations
 import pytest
 import torch
 
-# tiny model -> (pack family, variant auto-detected for a 12-step run of it)
-EXPECTED = {
-    "chroma": ("chroma", "chroma"),
-    "cosmos_predict2": ("cosmos", "cosmos"),
-    "flux": ("flux", "flux.1-dev"),
-    "flux2": ("flux2", "flux.2"),
-    "hidream": ("hidream", "hidream"),
-    "hunyuan_video": ("hunyuan_video", "hunyuanvideo-544p"),
-    "hunyuan_video15": ("hunyuan_video", "hunyuanvideo1.5-20step"),
-    "ltxv": ("ltxv", "ltx-video"),
-    "lumina2": ("lumina2", "lumina2"),
-    "qwen_image": ("qwen_image", "qwen-image"),
-    "sd3": ("sd3", "sd3"),
-    "wan21": ("wan", "wan2.1-t2v-1.3b"),
-    "wan21_i2v": ("wan", "wan2.1-i2v-480p"),
-    "wan21_vace": ("wan", "wan2.1-vace-1.3b"),
-    "wan22_5b": ("wan", "wan2.2-ti2v-5b-t2v"),
-}
-FAMILIES = sorted(EXPECTED)
-OUTPUT_SPACE = {"lumina2", "hidream", "cosmos_predict2"}
+# Parametrized over the tiny model registry (tests/conftest.py): ``tiny_family`` is every tiny
+# model, ``block_family`` those whose pack family drives the block stack through block hooks,
+# ``output_space_family`` those it caches in output space. Each tiny model names the pack family
+# and variant that must be detected for it.
 
 
-def test_every_tiny_family_is_listed(host):
-    assert sorted(host.test_module("tiny_models").FAMILIES) == FAMILIES
+def tiny_spec(family: str):
+    from harness.sampling import tiny
+
+    return tiny().FAMILIES[family]
 
 
 @pytest.fixture(scope="module")
 def baselines(host):
-    """Unpatched output of each family (12 steps, cfg 3) and its model."""
+    """Unpatched output of each family (12 steps, cfg 3) and its model, built on first use."""
     from harness.sampling import Job, tiny
 
-    out = {}
-    for family in FAMILIES:
-        model = tiny().build_model(family, seed=0)
-        out[family] = (model, Job(family).run(model))
-    return out
+    class Baselines(dict):
+        def __missing__(self, family: str) -> tuple:
+            model = tiny().build_model(family, seed=0)
+            self[family] = (model, Job(family).run(model))
+            return self[family]
+
+    return Baselines()
 
 
 def flux_ratios():
@@ -49,19 +37,18 @@ def flux_ratios():
     return pack("families.published_magcache").FLUX_DEV
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_family_and_variant_are_detected(baselines, family):
+def test_family_and_variant_are_detected(baselines, tiny_family):
     from harness.sampling import Job, apply, stats
 
-    model, _ = baselines[family]
+    model, _ = baselines[tiny_family]
     patched, node_id = apply(model, "magcache", threshold=0.05, ratios=flux_ratios())
-    Job(family).run(patched)
-    name, variant = EXPECTED[family]
-    assert stats(node_id)["label"] == f"{name} / {variant}"
+    Job(tiny_family).run(patched)
+    spec = tiny_spec(tiny_family)
+    assert stats(node_id)["label"] == f"{spec.family} / {spec.variant}"
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_threshold_zero_is_bit_identical_to_the_unpatched_model(baselines, family):
+def test_threshold_zero_is_bit_identical_to_the_unpatched_model(baselines, tiny_family):
+    family = tiny_family
     from harness.sampling import Job, apply, stats
 
     model, expected = baselines[family]
@@ -71,9 +58,9 @@ def test_threshold_zero_is_bit_identical_to_the_unpatched_model(baselines, famil
         assert stats(node_id)["calls_skipped"] == 0
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_measuring_every_residual_leaves_the_output_bit_identical(baselines, family):
+def test_measuring_every_residual_leaves_the_output_bit_identical(baselines, tiny_family):
     """The compute path (private copy of the stack input, residual kept) changes nothing."""
+    family = tiny_family
     from harness.sampling import Job, install, stats
 
     model, expected = baselines[family]
@@ -91,8 +78,7 @@ def image_part(stream: torch.Tensor, tokens: int, layout: str | None) -> torch.T
     return stream
 
 
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - OUTPUT_SPACE))
-def test_a_forced_skip_applies_exactly_input_plus_last_residual(baselines, family):
+def test_a_forced_skip_applies_exactly_input_plus_last_residual(baselines, block_family):
     """Record the stack's input and output around the pack's own head and tail hooks.
 
     wan21_vace adds a VACE hint into the stream after its first block on every call; its skipped
@@ -100,6 +86,7 @@ def test_a_forced_skip_applies_exactly_input_plus_last_residual(baselines, famil
     """
     from harness.sampling import Job, apply, pack, patterns
 
+    family = block_family
     model, _ = baselines[family]
     patched, node_id = apply(model, "magcache", threshold=100.0, max_consecutive_skips=100,
                              retention_ratio=0.0, ratios=flux_ratios())
@@ -137,9 +124,9 @@ def test_a_forced_skip_applies_exactly_input_plus_last_residual(baselines, famil
             assert torch.equal(outputs[step], inputs[step] + last_residual), step
 
 
-@pytest.mark.parametrize("family", sorted(OUTPUT_SPACE))
-def test_output_space_fallback_skips_the_whole_model(baselines, family):
+def test_output_space_fallback_skips_the_whole_model(baselines, output_space_family):
     """Families without block hooks: a skipped call returns model input + cached output residual."""
+    family = output_space_family
     import comfy.patcher_extension
 
     from harness.sampling import Job, apply, patterns
