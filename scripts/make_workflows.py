@@ -11,7 +11,10 @@
 
 Both come from one description so they cannot drift; tests/test_example_workflows.py checks the
 committed files equal this script's output, every node and widget against the real ComfyUI, and
-runs every API graph on the server with tiny stand-in models. Standard library only.
+runs every API graph on the server with tiny stand-in models. Every node gets a title of its own,
+the same in both formats (clients address nodes by title), and the layout keeps free the room the
+web extension's panels take after a run (tests/test_browser.py checks it in the frontend's node
+renderings). Standard library only.
 """
 
 from __future__ import annotations
