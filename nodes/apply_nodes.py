@@ -103,9 +103,9 @@ class ApplyTeaCache(io.ComfyNode):
                 io.Int.Input("max_consecutive_skips", default=3, min=1, max=100,
                              tooltip="At most this many steps in a row reuse the cache."),
                 Choice("cache_device", options=["main_device", "offload_device"],
-                               default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
+                       default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
                 Choice("variant", options=variant_options("teacache"), default="auto",
-                               tooltip=VARIANT_TOOLTIP, optional=True),
+                       tooltip=VARIANT_TOOLTIP, optional=True),
                 TeaCacheCoefficientsType.Input(
                     "coefficients", optional=True,
                     tooltip="A polynomial from TeaCacheCalibrate (or typed in); overrides the published one. "
@@ -172,9 +172,9 @@ class ApplyMagCache(io.ComfyNode):
                 io.Float.Input("retention_ratio", default=0.2, **finite_range(0.0, 1.0), step=0.01,
                                tooltip="The first part of the denoising always computes (it lays out the image)."),
                 Choice("cache_device", options=["main_device", "offload_device"],
-                               default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
+                       default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
                 Choice("variant", options=variant_options("magcache"), default="auto",
-                               tooltip=VARIANT_TOOLTIP, optional=True),
+                       tooltip=VARIANT_TOOLTIP, optional=True),
                 MagRatiosType.Input(
                     "ratios", optional=True,
                     tooltip="Magnitude ratios from MagCacheCalibrate (or typed in); override the published ones. "

@@ -62,8 +62,8 @@ class DemoPrompt(io.ComfyNode):
             inputs=[
                 Choice("kind", options=KINDS, default="image", tooltip="Which demo model this is for."),
                 Choice("subject", options=SUBJECTS, default="disc",
-                               tooltip="image: " + ", ".join(data.IMAGE_CLASSES)
-                               + "; video: " + ", ".join(data.VIDEO_CLASSES)),
+                       tooltip="image: " + ", ".join(data.IMAGE_CLASSES)
+                       + "; video: " + ", ".join(data.VIDEO_CLASSES)),
                 io.Int.Input("batch_size", default=1, min=1, max=64, tooltip="Match the latent's batch size."),
             ],
             outputs=[io.Conditioning.Output()],
