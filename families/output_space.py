@@ -1,11 +1,12 @@
-"""Families with no block hooks in ComfyUI 0.3.75: Lumina 2 / Z-Image, HiDream, Cosmos.
+"""Families without usable block hooks: cached in output space through the DIFFUSION_MODEL wrapper.
 
-Their forwards never look at ``patches_replace["dit"]``, so the block stack cannot be skipped
-from outside. They are cached one level up instead, through the DIFFUSION_MODEL wrapper: the
+Their forwards never look at ``patches_replace["dit"]`` (Lumina 2 / Z-Image, HiDream, Cosmos), so
+the block stack cannot be skipped from outside. They are cached one level up instead: the
 "stack" is the whole diffusion model, its residual is model output minus model input (the same
 trick as ComfyUI's EasyCache), and a skipped step returns input + cached residual without
 running the model at all. The TeaCache signal is the relative change of the model's input (no
 published coefficients fit it); MagCache needs a calibration measured in this same space.
+No constants are published for any of them in this space.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ class OutputSpaceFamily(Family):
         raise NotImplementedError("output-space families use the model input as the signal")
 
 
+# Lumina Image 2.0 and Z-Image share ComfyUI's Lumina2 class.
 LUMINA2 = OutputSpaceFamily(
-    name="lumina2", model_classes=("Lumina2",), variants=(Variant("lumina2"),),
-    notes="Lumina Image 2.0 and Z-Image.",
+    name="lumina2", model_classes=("Lumina2",), variants=(Variant("lumina2", "Lumina Image 2.0 / Z-Image"),),
 )
-HIDREAM = OutputSpaceFamily(name="hidream", model_classes=("HiDream",), variants=(Variant("hidream"),))
+HIDREAM = OutputSpaceFamily(name="hidream", model_classes=("HiDream",), variants=(Variant("hidream", "HiDream-I1"),))
 COSMOS = OutputSpaceFamily(
-    name="cosmos", model_classes=("CosmosVideo", "CosmosPredict2"), variants=(Variant("cosmos"),),
+    name="cosmos", model_classes=("CosmosVideo", "CosmosPredict2"),
+    variants=(Variant("cosmos", "Cosmos"),),
 )
