@@ -1,10 +1,12 @@
 """The demo models: small Flux (image) and Wan 2.1 T2V (video) transformers, trained on demo.data.
 
-Built with ComfyUI's own classes (``comfy.supported_models.Flux`` / ``WAN21_T2V``, their
-``model_base`` wrappers and ``ModelPatcher``), so KSampler, model sampling, latent formats and
-the pack's cache hooks meet exactly what they meet on a real checkpoint. Only widths and depths
-are small. The weights in ``demo/weights/<kind>.safetensors`` are produced by ``demo/train.py``;
-their metadata holds the ``unet_config`` and the class names, so loading needs nothing else.
+Loaded like a user's checkpoint (``demo/model_builder.py``: ComfyUI's own detection, key
+conversion, ``comfy.supported_models.Flux`` / ``WAN21_T2V`` and ``ModelPatcher``), so KSampler,
+model sampling, latent formats and the pack's cache hooks meet exactly what they meet on a real
+checkpoint, on every supported ComfyUI version. Only widths and depths are small. The weights in
+``demo/weights/<kind>.safetensors`` are produced by ``demo/train.py``; ``demo/templates/<kind>.json``
+holds each model's checkpoint keys and shapes (the order training draws its initial values in),
+the sizes ComfyUI's detection cannot read from shapes (the overlay) and the model class.
 
 Conditioning is a fixed, seeded embedding per class in place of a text encoder's output: a few
 context tokens (plus a pooled vector for Flux). One more seeded embedding is the "null" prompt
@@ -21,94 +23,78 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import comfy.model_patcher
-import comfy.supported_models
 import numpy as np
 import safetensors
 import safetensors.torch
 import torch
 
-from . import data
+from . import data, model_builder
 
 WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent / "weights"
+TEMPLATES_DIR = pathlib.Path(__file__).resolve().parent / "templates"
 CLASSES = {"image": data.IMAGE_CLASSES, "video": data.VIDEO_CLASSES}
 
 
 @dataclass(frozen=True)
 class Spec:
     kind: str
-    config_class: str  # attribute of comfy.supported_models
-    unet_config: dict
     context_dim: int
     pooled_dim: int | None  # Flux's "pooled_output" (vec_in_dim); Wan has none
     context_tokens: int
     latent_spatial: tuple[int, ...]  # (h, w) or (T, h, w)
     embedding_seed: int
 
+    @property
+    def template(self) -> model_builder.Template:
+        return _template(self.kind)
 
+    @property
+    def config_class(self) -> str:
+        return self.template.config_class
+
+
+# image: a Flux (hidden 128, 4 heads, 2 double + 4 single blocks, no guidance embedding);
+# video: a Wan 2.1 T2V (dim 128, 2 heads, 4 layers, text width 64). See demo/templates/.
 SPECS = {
     "image": Spec(
-        kind="image",
-        config_class="Flux",
-        unet_config=dict(
-            image_model="flux", in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=64,
-            hidden_size=128, mlp_ratio=4.0, num_heads=4, depth=2, depth_single_blocks=4,
-            axes_dim=[8, 12, 12], theta=10000, patch_size=2, qkv_bias=True, guidance_embed=False,
-        ),
-        context_dim=64, pooled_dim=32, context_tokens=4,
+        kind="image", context_dim=64, pooled_dim=32, context_tokens=4,
         latent_spatial=(data.IMAGE_SIZE // 2, data.IMAGE_SIZE // 2), embedding_seed=1001,
     ),
     "video": Spec(
-        kind="video",
-        config_class="WAN21_T2V",
-        unet_config=dict(
-            image_model="wan2.1", model_type="t2v", dim=128, ffn_dim=512, num_heads=2, num_layers=4,
-            in_dim=16, out_dim=16, freq_dim=256, text_dim=64, patch_size=[1, 2, 2], window_size=[-1, -1],
-            qk_norm=True, cross_attn_norm=True, eps=1e-6,
-        ),
-        context_dim=64, pooled_dim=None, context_tokens=4,
+        kind="video", context_dim=64, pooled_dim=None, context_tokens=4,
         latent_spatial=(data.VIDEO_FRAMES, data.IMAGE_SIZE // 2, data.IMAGE_SIZE // 2), embedding_seed=2002,
     ),
 }
+
+
+@functools.cache
+def _template(kind: str) -> model_builder.Template:
+    return model_builder.Template.load(TEMPLATES_DIR / f"{kind}.json")
 
 
 def weights_path(kind: str) -> pathlib.Path:
     return WEIGHTS_DIR / f"{kind}.safetensors"
 
 
-def _unet_config(config: dict) -> dict:
-    config = dict(config)
-    for key in ("patch_size", "window_size"):  # JSON gives lists; WanModel expects tuples
-        if isinstance(config.get(key), list) and config.get("image_model") == "wan2.1":
-            config[key] = tuple(config[key])
-    return config
-
-
-def build_model(kind: str, state_dict: dict[str, torch.Tensor] | None = None,
-                unet_config: dict | None = None) -> comfy.model_patcher.ModelPatcher:
-    """The model on CPU in float32. Without ``state_dict`` the weights are whatever
-    ``init_state_dict`` (training start) would give: pass it explicitly to say which."""
-    spec = SPECS[kind]
-    config = getattr(comfy.supported_models, spec.config_class)(_unet_config(unet_config or spec.unet_config))
-    config.set_inference_dtype(torch.float32, None)
-    model = config.get_model({}, "")
+def build_model(kind: str, state_dict: dict[str, torch.Tensor] | None = None) -> comfy.model_patcher.ModelPatcher:
+    """The model on CPU in float32, from checkpoint-format weights. Without ``state_dict`` the
+    weights are whatever ``init_state_dict`` (training start) would give: pass it explicitly to
+    say which."""
+    template = SPECS[kind].template
     if state_dict is None:
-        state_dict = init_state_dict(model.diffusion_model, seed=0)
-    model.load_model_weights(state_dict, "")
-    model.eval()
-    cpu = torch.device("cpu")
-    return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
+        state_dict = init_state_dict(kind, seed=0)
+    return model_builder.build_model(state_dict, template.overlay, template.config_class)
 
 
-def init_state_dict(diffusion_model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
-    """Training start: Xavier matrices, zero biases, unit norm scales, and zero output layers and
-    modulation (adaLN-Zero for Flux, a zero head for Wan) so every block starts as identity.
-    ComfyUI builds its layers without initialising them (comfy.ops.disable_weight_init)."""
+def init_state_dict(kind: str, seed: int) -> dict[str, torch.Tensor]:
+    """Training start, in the checkpoint format: Xavier matrices, zero biases, unit norm scales,
+    and zero output layers and modulation (adaLN-Zero for Flux, a zero head for Wan) so every
+    block starts as identity. ComfyUI builds its layers without initialising them
+    (comfy.ops.disable_weight_init)."""
     gen = torch.Generator().manual_seed(seed)
     state = {}
-    for name, tensor in diffusion_model.state_dict().items():
-        if not tensor.is_floating_point():
-            state[name] = tensor.clone()
-            continue
+    for name, shape in SPECS[kind].template.shapes.items():
+        tensor = torch.empty(shape)
         zero = (
             name.startswith("final_layer.")  # Flux LastLayer: adaLN modulation and projection
             or ".img_mod." in name or ".txt_mod." in name or ".modulation.lin." in name  # Flux adaLN
@@ -126,8 +112,15 @@ def init_state_dict(diffusion_model: torch.nn.Module, seed: int) -> dict[str, to
             value = torch.ones_like(tensor)
         else:
             value = torch.zeros_like(tensor)
-        state[name] = value.to(tensor.dtype)
+        state[name] = value
     return state
+
+
+def checkpoint_state_dict(kind: str, model: comfy.model_patcher.ModelPatcher,
+                          module_state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The demo model's weights (or ``module_state``) in the checkpoint format of its template:
+    what save_weights writes, so that every supported ComfyUI loads the file."""
+    return model_builder.checkpoint_state_dict(model, SPECS[kind].template, module_state)
 
 
 def save_weights(kind: str, state_dict: dict[str, torch.Tensor], path: pathlib.Path, dtype: torch.dtype,
@@ -136,7 +129,7 @@ def save_weights(kind: str, state_dict: dict[str, torch.Tensor], path: pathlib.P
     metadata = {
         "demo_kind": kind,
         "config_class": spec.config_class,
-        "unet_config": json.dumps(spec.unet_config),
+        "overlay": json.dumps(spec.template.overlay),
         "classes": json.dumps(list(CLASSES[kind])),
         **(extra_metadata or {}),
     }
@@ -157,20 +150,20 @@ def load_model(kind: str, path: pathlib.Path | str | None = None) -> comfy.model
     state_dict, metadata = read_weights(pathlib.Path(path) if path else weights_path(kind))
     if metadata.get("demo_kind") != kind:
         raise ValueError(f"{path} holds a {metadata.get('demo_kind')!r} model, not {kind!r}")
-    return build_model(kind, state_dict, json.loads(metadata["unet_config"]))
+    if metadata.get("config_class", SPECS[kind].config_class) != SPECS[kind].config_class:
+        raise ValueError(f"{path} holds a {metadata['config_class']} model, not {SPECS[kind].config_class}")
+    return build_model(kind, state_dict)
 
 
 def random_model(kind: str, seed: int = 0) -> comfy.model_patcher.ModelPatcher:
-    """Same config, untrained weights with non-zero outputs (for tests that must fail on it)."""
-    patcher = build_model(kind)
+    """Same architecture, untrained weights with non-zero outputs (for tests that must fail on it):
+    the training start with every matrix drawn at random instead."""
+    state = init_state_dict(kind, seed=0)
     gen = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, tensor in patcher.model.diffusion_model.state_dict().items():
-        if tensor.is_floating_point() and tensor.ndim >= 2:
-            tensor = torch.randn(tensor.shape, generator=gen) / tensor[0].numel() ** 0.5
-        state[name] = tensor
-    patcher.model.load_model_weights(state, "")
-    return patcher
+    for name, shape in SPECS[kind].template.shapes.items():
+        if len(shape) >= 2:
+            state[name] = torch.randn(shape, generator=gen) / torch.Size(shape[1:]).numel() ** 0.5
+    return build_model(kind, state)
 
 
 # --- conditioning -------------------------------------------------------------------------------

@@ -136,11 +136,10 @@ def train(kind: str, cfg: TrainConfig, minutes: float, out: pathlib.Path, log_ev
     torch.set_num_threads(cfg.threads)
     torch.set_flush_denormal(True)  # zero-initialised layers otherwise make the first steps crawl
     torch.manual_seed(cfg.seed)
-    patcher = models.build_model(kind)
+    patcher = models.build_model(kind, models.init_state_dict(kind, cfg.seed))
     base = patcher.model
     net = base.diffusion_model
-    net.load_state_dict(models.init_state_dict(net, cfg.seed))
-    net.train()
+    net.train().requires_grad_(True)  # newer ComfyUI builds inference models without grad
     params = [p for p in net.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -195,7 +194,7 @@ def train(kind: str, cfg: TrainConfig, minutes: float, out: pathlib.Path, log_ev
     net.eval()
     final_train = float(np.mean(running[-100:]))
     held_out = eval_loss(base, kind)
-    models.save_weights(kind, ema.state_dict(), out, getattr(torch, cfg.save_dtype), {
+    models.save_weights(kind, models.checkpoint_state_dict(kind, patcher, ema.state_dict()), out, getattr(torch, cfg.save_dtype), {
         "train_steps": str(step), "train_config": repr(cfg), "eval_loss": f"{held_out:.5f}",
     })
     print(f"[demo.train] done: {step} steps in {wall:.0f}s; train loss (last 100 steps) {final_train:.4f}; "

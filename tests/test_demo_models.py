@@ -53,9 +53,13 @@ def test_committed_weights_load(demo, kind):
     assert metadata["demo_kind"] == kind
     assert metadata["classes"] == '["' + '", "'.join(demo.models.CLASSES[kind]) + '"]'
     assert int(metadata["train_steps"]) > 0
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == dict(demo.models.SPECS[kind].template.shapes)
     model = demo.models.load_model(kind)
     assert type(model.model).__name__ == {"image": "Flux", "video": "WAN21"}[kind]
-    loaded = model.model.diffusion_model.state_dict()
+    assert type(model.model.model_config).__name__ == metadata["config_class"]
+    # Every weight arrives, under whatever name this ComfyUI gives it (Flux's Q/K norms are
+    # ".scale" in the file and ".weight" in 0.30.0's modules).
+    loaded = demo.models.checkpoint_state_dict(kind, model)
     assert loaded.keys() == tensors.keys()
     assert all(torch.equal(loaded[k], tensors[k]) for k in tensors)
 

@@ -1,8 +1,8 @@
 """What the pack costs when it skips nothing, on a larger random-weight FLUX-class model.
 
-The model is built like tests/harness/comfy_test_nodes/tiny_models.py builds its tiny ones
-(``comfy.supported_models.Flux``, that module's seeded random weights, ComfyUI's ModelPatcher),
-only wide and deep enough that the block stack dominates a step. Configurations, interleaved
+The model is built like the tests' tiny ones, by demo/model_builder.py from a checkpoint in
+FLUX.1's released format (``flux_template`` below) with seeded random weights, only wide and deep
+enough that the block stack dominates a step. Configurations, interleaved
 per repetition (A B C D, A B C D, ...):
 
 - A: the unpatched model;
@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import comfy.model_patcher
-import comfy.supported_models
 import nodes
 import torch
 from comfy.patcher_extension import WrappersMP
@@ -87,22 +86,39 @@ class OverheadSpec:
                 f"euler {self.steps} steps, cfg {self.cfg:g}, fp32 CPU")
 
 
+def flux_template(spec: OverheadSpec, builder: Any) -> Any:
+    """A checkpoint in FLUX.1's format (Black Forest Labs' release, which every ComfyUI version
+    loads) of this width and depth, without guidance embedding, sampled as ``Flux`` (detection
+    would say FluxSchnell, whose schedule differs). Detection reads widths and depths from the
+    shapes but assumes FLUX.1's 24 heads of 128 and its RoPE axes: the overlay sets heads of 64
+    (axes 16 + 24 + 24)."""
+    h, mlp, ctx, pooled = spec.hidden, 4 * spec.hidden, 64, 32
+
+    def linear(name: str, out: int, inp: int) -> list[tuple[str, tuple[int, ...]]]:
+        return [(f"{name}.weight", (out, inp)), (f"{name}.bias", (out,))]
+
+    def qk_norm(prefix: str) -> list[tuple[str, tuple[int, ...]]]:
+        return [(f"{prefix}.norm.query_norm.scale", (64,)), (f"{prefix}.norm.key_norm.scale", (64,))]
+
+    shapes = [*linear("img_in", h, 16 * 4), *linear("time_in.in_layer", h, 256), *linear("time_in.out_layer", h, h),
+              *linear("vector_in.in_layer", h, pooled), *linear("vector_in.out_layer", h, h), *linear("txt_in", h, ctx)]
+    for i in range(spec.depth):
+        for stream in ("img", "txt"):
+            b = f"double_blocks.{i}.{stream}"
+            shapes += [*linear(f"{b}_mod.lin", 6 * h, h), *linear(f"{b}_attn.qkv", 3 * h, h), *qk_norm(f"{b}_attn"),
+                       *linear(f"{b}_attn.proj", h, h), *linear(f"{b}_mlp.0", mlp, h), *linear(f"{b}_mlp.2", h, mlp)]
+    for i in range(spec.single):
+        b = f"single_blocks.{i}"
+        shapes += [*linear(f"{b}.linear1", 3 * h + mlp, h), *linear(f"{b}.linear2", h, h + mlp), *qk_norm(b),
+                   *linear(f"{b}.modulation.lin", 3 * h, h)]
+    shapes += [*linear("final_layer.linear", 16 * 4, h), *linear("final_layer.adaLN_modulation.1", 2 * h, h)]
+    return builder.Template(dict(shapes), overlay={"num_heads": h // 64, "axes_dim": [16, 24, 24]},
+                            config_class="Flux")
+
+
 def build_model(spec: OverheadSpec, seed: int = 0) -> comfy.model_patcher.ModelPatcher:
-    head_dim = 64
-    axes = [16, 24, 24]  # sums to the head dimension, as Flux's RoPE needs
-    config = comfy.supported_models.Flux(dict(
-        image_model="flux", in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=64,
-        hidden_size=spec.hidden, mlp_ratio=4.0, num_heads=spec.hidden // head_dim, depth=spec.depth,
-        depth_single_blocks=spec.single, axes_dim=axes, theta=10000, patch_size=2, qkv_bias=True,
-        guidance_embed=False,
-    ))
-    config.set_inference_dtype(torch.float32, None)
-    model = config.get_model({}, "")
-    tiny = host_module.boot().test_module("tiny_models")
-    model.load_model_weights(tiny.random_state_dict(model.diffusion_model, seed), "")
-    model.eval()
-    cpu = torch.device("cpu")
-    return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
+    builder = host_module.boot().pack_module("demo.model_builder")
+    return builder.build_from_template(flux_template(spec, builder), seed)
 
 
 def _conditioning(spec: OverheadSpec, seed: int) -> list:

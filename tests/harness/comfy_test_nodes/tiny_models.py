@@ -1,23 +1,71 @@
-"""Tiny models of each supported family, built with ComfyUI's own model classes.
+"""Tiny models of each supported family, loaded by ComfyUI like a user's checkpoint.
 
-Weights are random (seeded): they prove mechanics, not image quality. Each entry gives the
-``comfy.supported_models`` class, a small ``unet_config``, the latent shape and a conditioning
-maker, so a test can sample any family through ComfyUI's real samplers in well under a second.
+Weights are random (seeded): they prove mechanics, not image quality. Each family has a
+*template* in ``templates/<name>.json``: the checkpoint keys and shapes of a small instance, in the
+checkpoint format of the real release, and the overlay of sizes ComfyUI's detection cannot read
+from shapes (head counts, RoPE axes, ...). ``build_model`` fills it with seeded values and loads
+it through ``demo/model_builder.py``: ComfyUI's own detection makes the config and its own
+loader converts the keys, so the same template builds on every supported ComfyUI version (see
+that module for why). The registry below adds the latent shape and a conditioning maker, so a
+test can sample any family through ComfyUI's real samplers in well under a second.
 
-Each config keeps the block *layout* of the real model (which block kinds exist, token order,
+Each template keeps the block *layout* of the real model (which block kinds exist, token order,
 modulation style, hard-wired dimensions) and shrinks only widths and depths, so hooks that work
 here meet the same call structure as on the full-size checkpoints.
+
+Adding a tiny model of a new family:
+
+1. Pick the smallest config that keeps the real layout (the comments below say what each
+   family hard-wires), and write its template on the oldest supported ComfyUI that has the
+   class (its module keys are the checkpoint format)::
+
+       STEPCACHE_COMFYUI=0.3.75 ./dev py -m harness.tiny_template <ComfyUI class> '<config JSON>' \
+           > tests/harness/comfy_test_nodes/templates/<name>.json
+
+   (or write the JSON by hand from a real checkpoint's keys with shrunk shapes). The tool keeps
+   only the config entries detection gets wrong in the overlay, and checks that detection picks
+   the class (``--explicit-class`` names it in the template where detection picks a sibling).
+2. ``register(TinyFamily(name=..., config_class=..., family=..., variant=..., latent_channels=...,
+   latent_spatial=..., context_dim=..., extra_cond=...))`` below, with whatever extra
+   conditioning the model reads; ``family`` and ``variant`` are what the pack must detect.
+3. ``./dev test tests/test_tiny_families.py tests/test_families.py``: every registered family is
+   built, sampled and checked against the pack's family registry on each supported ComfyUI (the
+   test lists come from this registry); a family of the pack without a tiny model fails there. A model class that only newer ComfyUI versions have is
+   skipped on older ones by ``TinyFamily.available`` (feature detection, not version numbers).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import pathlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import comfy.model_patcher
 import comfy.supported_models
 import torch
+
+TEMPLATES_DIR = pathlib.Path(__file__).resolve().parent / "templates"
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def _load_model_builder() -> ModuleType:
+    """demo/model_builder.py, the pack's one model builder. ComfyUI loads these test nodes as a
+    package of their own, beside the pack, so it is loaded by path (it imports only ComfyUI and
+    torch), once per process."""
+    name = "stepcache_model_builder"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "demo" / "model_builder.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+model_builder = _load_model_builder()
 
 # extra_cond(batch, tokens, generator) -> extra conditioning values (pooled output, guidance,
 # attention masks, ...) for a batch of this size and a text context of this many tokens.
@@ -31,8 +79,9 @@ def _no_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
 @dataclass(frozen=True)
 class TinyFamily:
     name: str
-    config_class: str  # attribute of comfy.supported_models
-    unet_config: dict
+    config_class: str  # the comfy.supported_models class detection must pick for the template
+    family: str  # the pack's family (families.FAMILIES) that must claim the model
+    variant: str  # the variant the pack must detect for a 12-step run (tests/test_families.py)
     latent_channels: int
     # (H, W) for 4-D latents; (T, H, W) for 5-D ones: video models, and the image models that
     # ComfyUI runs on 5-D latents with T=1 (Qwen-Image, Cosmos-Predict2).
@@ -45,6 +94,19 @@ class TinyFamily:
     def is_video(self) -> bool:
         """True when the latent is 5-D (B, C, T, H, W)."""
         return len(self.latent_spatial) == 3
+
+    @property
+    def template(self) -> model_builder.Template:
+        return _template(self.name)
+
+    def available(self) -> bool:
+        """Whether this ComfyUI has the model class (some families exist only in newer ones)."""
+        return hasattr(comfy.supported_models, self.config_class)
+
+
+@functools.cache
+def _template(name: str) -> model_builder.Template:
+    return model_builder.Template.load(TEMPLATES_DIR / f"{name}.json")
 
 
 FAMILIES: dict[str, TinyFamily] = {}
@@ -73,11 +135,7 @@ def _pooled(dim: int, **extra: object) -> ExtraCond:
 register(TinyFamily(
     name="flux",
     config_class="Flux",
-    unet_config=dict(
-        image_model="flux", in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=64,
-        hidden_size=64, mlp_ratio=4.0, num_heads=2, depth=2, depth_single_blocks=2,
-        axes_dim=[8, 12, 12], theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True,
-    ),
+    family="flux", variant="flux.1-dev",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(32, guidance=3.5),
 ))
 
@@ -86,13 +144,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="flux2",
     config_class="Flux2",
-    unet_config=dict(
-        image_model="flux2", in_channels=128, out_channels=128, vec_in_dim=None, context_in_dim=64,
-        hidden_size=64, mlp_ratio=3.0, num_heads=2, depth=2, depth_single_blocks=2,
-        axes_dim=[8, 8, 8, 8], theta=2000, patch_size=1, qkv_bias=False, guidance_embed=True,
-        global_modulation=True, mlp_silu_act=True, ops_bias=False, default_ref_method="index",
-        ref_index_scale=10.0,
-    ),
+    family="flux2", variant="flux.2",
     latent_channels=128, latent_spatial=(8, 8), context_dim=64, extra_cond=_pooled(0, guidance=4.0),
 ))
 
@@ -102,11 +154,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="chroma",
     config_class="Chroma",
-    unet_config=dict(
-        image_model="chroma", in_channels=64, out_channels=64, context_in_dim=64, hidden_size=64,
-        mlp_ratio=4.0, num_heads=2, depth=2, depth_single_blocks=2, axes_dim=[8, 12, 12],
-        theta=10000, patch_size=2, qkv_bias=True, in_dim=64, out_dim=64, hidden_dim=64, n_layers=2,
-    ),
+    family="chroma", variant="chroma",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(0),
 ))
 
@@ -115,13 +163,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="hunyuan_video",
     config_class="HunyuanVideo",
-    unet_config=dict(
-        image_model="hunyuan_video", in_channels=16, out_channels=16, vec_in_dim=32,
-        context_in_dim=64, hidden_size=64, mlp_ratio=4.0, num_heads=2, depth=2,
-        depth_single_blocks=2, axes_dim=[8, 12, 12], theta=256, patch_size=[1, 2, 2],
-        qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False,
-        use_cond_type_embedding=False, vision_in_dim=None,
-    ),
+    family="hunyuan_video", variant="hunyuanvideo-544p",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_pooled(32, guidance=6.0),
 ))
 
@@ -131,13 +173,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="hunyuan_video15",
     config_class="HunyuanVideo15",
-    unet_config=dict(
-        image_model="hunyuan_video", in_channels=65, out_channels=32, vec_in_dim=None,
-        context_in_dim=64, hidden_size=64, mlp_ratio=4.0, num_heads=2, depth=2,
-        depth_single_blocks=0, axes_dim=[8, 12, 12], theta=256, patch_size=[1, 1, 1],
-        qkv_bias=True, guidance_embed=False, byt5=False, meanflow=False,
-        use_cond_type_embedding=True, vision_in_dim=1152,
-    ),
+    family="hunyuan_video", variant="hunyuanvideo1.5-20step",
     latent_channels=32, latent_spatial=(2, 4, 4), context_dim=64, extra_cond=_pooled(0),
 ))
 
@@ -147,11 +183,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="qwen_image",
     config_class="QwenImage",
-    unet_config=dict(
-        image_model="qwen_image", patch_size=2, in_channels=64, out_channels=16, num_layers=2,
-        attention_head_dim=32, num_attention_heads=2, joint_attention_dim=64,
-        axes_dims_rope=(8, 12, 12),
-    ),
+    family="qwen_image", variant="qwen-image",
     latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
 ))
 
@@ -160,12 +192,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="sd3",
     config_class="SD3",
-    unet_config=dict(
-        in_channels=16, out_channels=16, depth=2, patch_size=2, input_size=None,
-        adm_in_channels=32, pos_embed_scaling_factor=None, pos_embed_max_size=16, num_patches=256,
-        context_embedder_config={"target": "torch.nn.Linear", "params": {"in_features": 64, "out_features": 128}},
-        x_block_self_attn_layers=[],
-    ),
+    family="sd3", variant="sd3",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(32),
 ))
 
@@ -174,35 +201,24 @@ register(TinyFamily(
 register(TinyFamily(
     name="lumina2",
     config_class="Lumina2",
-    unet_config=dict(
-        image_model="lumina2", patch_size=2, in_channels=16, dim=64, cap_feat_dim=64, n_layers=2,
-        n_refiner_layers=2, n_heads=2, n_kv_heads=1, qk_norm=True, axes_dims=[8, 12, 12],
-        axes_lens=[300, 512, 512], rope_theta=10000.0, ffn_dim_multiplier=4.0,
-    ),
+    family="lumina2", variant="lumina2",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64,
 ))
 
 
 def _hidream_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
     # Llama hidden states of every selected layer: (batch, layers, tokens, width); each block
-    # reads the layer llama_layers[block] of it (see HIDREAM_LLAMA_LAYERS).
-    llama = torch.randn(batch, len(HIDREAM_LLAMA_LAYERS), tokens, 64, generator=gen)
+    # reads the layer llama_layers[block] of it (the template's overlay: one layer per block).
+    layers = len(_template("hidream").overlay["llama_layers"])
+    llama = torch.randn(batch, layers, tokens, 64, generator=gen)
     return {"pooled_output": torch.randn(batch, 32, generator=gen), "conditioning_llama3": llama}
 
-
-# One llama layer per block: num_layers + num_single_layers entries.
-HIDREAM_LLAMA_LAYERS = [0, 1, 2, 3]
 
 # HiDream: dual-stream then single-stream blocks with MoE feed-forwards; no dit block patches.
 register(TinyFamily(
     name="hidream",
     config_class="HiDream",
-    unet_config=dict(
-        image_model="hidream", patch_size=2, in_channels=16, out_channels=16, num_layers=2,
-        num_single_layers=2, attention_head_dim=32, num_attention_heads=2,
-        caption_channels=[64, 64], text_emb_dim=32, num_routed_experts=4, num_activated_experts=2,
-        axes_dims_rope=[16, 8, 8], max_resolution=[128, 128], llama_layers=HIDREAM_LLAMA_LAYERS,
-    ),
+    family="hidream", variant="hidream",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_hidream_extra,
 ))
 
@@ -211,17 +227,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="cosmos_predict2",
     config_class="CosmosT2IPredict2",
-    unet_config=dict(
-        image_model="cosmos_predict2", max_img_h=240, max_img_w=240, max_frames=128,
-        in_channels=16, out_channels=16, patch_spatial=2, patch_temporal=1,
-        concat_padding_mask=True, model_channels=64, num_blocks=2, num_heads=2,
-        crossattn_emb_channels=64, pos_emb_cls="rope3d", pos_emb_learnable=True,
-        pos_emb_interpolation="crop", min_fps=1, max_fps=30, use_adaln_lora=True,
-        adaln_lora_dim=32, extra_per_block_abs_pos_emb=False, rope_h_extrapolation_ratio=4.0,
-        rope_w_extrapolation_ratio=4.0, rope_t_extrapolation_ratio=1.0,
-        extra_h_extrapolation_ratio=1.0, extra_w_extrapolation_ratio=1.0,
-        extra_t_extrapolation_ratio=1.0, rope_enable_fps_modulation=False,
-    ),
+    family="cosmos", variant="cosmos",
     latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
 ))
 
@@ -236,25 +242,17 @@ def _ltxv_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
 register(TinyFamily(
     name="ltxv",
     config_class="LTXV",
-    unet_config=dict(
-        image_model="ltxv", in_channels=128, cross_attention_dim=64, attention_head_dim=32,
-        num_attention_heads=2, caption_channels=64, num_layers=2,
-    ),
+    family="ltxv", variant="ltx-video",
     latent_channels=128, latent_spatial=(2, 4, 4), context_dim=64, extra_cond=_ltxv_extra,
 ))
 
 # --- Wan ------------------------------------------------------------------------------------
 
-_WAN_BASE = dict(
-    image_model="wan2.1", model_type="t2v", dim=128, ffn_dim=256, num_heads=1, num_layers=2,
-    in_dim=16, out_dim=16, freq_dim=256, text_dim=4096, patch_size=(1, 2, 2), window_size=(-1, -1),
-    qk_norm=True, cross_attn_norm=True, eps=1e-6,
-)
-
+# Wan 2.1 T2V at dim 128 (one head of 128, as the real models' head width), two layers.
 register(TinyFamily(
     name="wan21",
     config_class="WAN21_T2V",
-    unet_config=dict(_WAN_BASE),
+    family="wan", variant="wan2.1-t2v-1.3b",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=4096,
 ))
 
@@ -264,7 +262,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="wan21_vace",
     config_class="WAN21_Vace",
-    unet_config=dict(_WAN_BASE, text_dim=64, model_type="vace", vace_layers=1, vace_in_dim=96),
+    family="wan", variant="wan2.1-vace-1.3b",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
 ))
 
@@ -272,7 +270,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="wan22_5b",
     config_class="WAN22_T2V",
-    unet_config=dict(_WAN_BASE, text_dim=64, in_dim=48, out_dim=48),
+    family="wan", variant="wan2.2-ti2v-5b-t2v",
     latent_channels=48, latent_spatial=(3, 8, 8), context_dim=64,
 ))
 
@@ -288,37 +286,19 @@ def _wan_i2v_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
 register(TinyFamily(
     name="wan21_i2v",
     config_class="WAN21_I2V",
-    unet_config=dict(_WAN_BASE, text_dim=64, model_type="i2v", in_dim=36),
+    family="wan", variant="wan2.1-i2v-480p",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_wan_i2v_extra,
 ))
 
 
-def random_state_dict(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
-    """Seeded weights with sane scales: fan-in scaled matrices, unit norm weights, small vectors."""
-    gen = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, tensor in model.state_dict().items():
-        shape = tensor.shape
-        if tensor.ndim >= 2:
-            fan_in = max(1, tensor[0].numel())
-            value = torch.randn(shape, generator=gen) / fan_in**0.5
-        elif "norm" in name and name.endswith(("weight", "scale")):
-            value = torch.ones(shape)
-        else:
-            value = 0.02 * torch.randn(shape, generator=gen)
-        state[name] = value.to(tensor.dtype) if tensor.is_floating_point() else tensor
-    return state
+def random_state_dict(family: str, seed: int) -> dict[str, torch.Tensor]:
+    """The family's tiny checkpoint with seeded values (model_builder.random_state_dict)."""
+    return model_builder.random_state_dict(FAMILIES[family].template, seed)
 
 
 def build_model(family: str, seed: int = 0) -> comfy.model_patcher.ModelPatcher:
-    spec = FAMILIES[family]
-    config = getattr(comfy.supported_models, spec.config_class)(dict(spec.unet_config))
-    config.set_inference_dtype(torch.float32, None)
-    model = config.get_model({}, "")
-    model.load_model_weights(random_state_dict(model.diffusion_model, seed), "")
-    model.eval()
-    device = torch.device("cpu")
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+    """The family's tiny model with seeded random weights, loaded as ComfyUI loads a checkpoint."""
+    return model_builder.build_from_template(FAMILIES[family].template, seed)
 
 
 def conditioning(family: str, seed: int = 0, batch: int = 1, tokens: int | None = None) -> list:
@@ -340,37 +320,29 @@ def empty_latent(family: str, batch: int = 1, scale: int = 1, frames: int | None
     return {"samples": torch.zeros(batch, spec.latent_channels, *spatial)}
 
 
-# A model the pack does not cache (an SD1.5 UNet), to show it passes through untouched.
-SD15_UNET_CONFIG = {
-    "use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4, "model_channels": 32,
-    "num_res_blocks": [1], "channel_mult": [1], "transformer_depth": [0], "transformer_depth_output": [0, 0],
-    "transformer_depth_middle": 0, "use_spatial_transformer": True, "legacy": False, "adm_in_channels": None,
-    "use_linear_in_transformer": False, "context_dim": 32, "num_heads": 1, "num_head_channels": -1,
-    "use_temporal_resblock": False, "use_temporal_attention": False,
-}
-
-
+# A model the pack does not cache (an SD1.5 UNet), to show it passes through untouched. Its
+# template names the class: no released SD1.5 is this small, so detection matches no class.
 def build_sd15_unet(seed: int = 0) -> comfy.model_patcher.ModelPatcher:
-    config = comfy.supported_models.SD15(dict(SD15_UNET_CONFIG))
-    config.set_inference_dtype(torch.float32, None)
-    model = config.get_model({}, "")
-    model.load_model_weights(random_state_dict(model.diffusion_model, seed), "")
-    model.eval()
-    device = torch.device("cpu")
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+    return model_builder.build_from_template(_template("sd15_unet"), seed)
 
 
 def build_flux_controlnet(seed: int = 0) -> object:
-    """A tiny FLUX ControlNet (InstantX style, latent hint) around ComfyUI's ControlNetFlux."""
+    """A tiny FLUX ControlNet (InstantX style, latent hint) around ComfyUI's ControlNetFlux.
+
+    ComfyUI's own ControlNet loaders detect the config from a full-size checkpoint (they
+    hard-code its head count), so this one is built as they build theirs, with the config
+    detection made for the tiny flux model."""
     import comfy.controlnet
     import comfy.ldm.flux.controlnet
     import comfy.ops
 
-    config = {k: v for k, v in FAMILIES["flux"].unet_config.items() if k != "image_model"}
+    template = FAMILIES["flux"].template
+    config = model_builder.model_config(model_builder.random_state_dict(template, seed), template.overlay)
     control_model = comfy.ldm.flux.controlnet.ControlNetFlux(
-        latent_input=True, operations=comfy.ops.disable_weight_init, **config
+        latent_input=True, operations=comfy.ops.disable_weight_init, **config.unet_config
     )
-    control_model.load_state_dict(random_state_dict(control_model, seed))
+    weights = model_builder.template_of(control_model.state_dict())
+    control_model.load_state_dict(model_builder.random_state_dict(weights, seed))
     return comfy.controlnet.ControlNet(
         control_model, compression_ratio=1, latent_format=None, load_device=torch.device("cpu"),
         manual_cast_dtype=None, extra_conds=["y", "guidance"],
