@@ -70,6 +70,9 @@ class Variant:
     teacache: TeaCacheCoefficients | None = None
     magcache: MagRatios | None = None
     description: str = ""
+    # Never detected: its architecture is another variant's too (Wan 2.2 A14B and Wan 2.1 14B),
+    # so only the variant input names it.
+    by_name_only: bool = False
 
     def __post_init__(self) -> None:
         if (self.teacache or self.magcache) and (self.architecture is None or not self.checkpoint):
@@ -146,7 +149,8 @@ class Family:
 
     def possible_variants(self, model: torch.nn.Module) -> tuple[Variant, ...]:
         """The variants ``model`` may be detected as in some run (its class and shape fit them)."""
-        fitting = [v for v in self.variants if v.architecture is None or self.has_architecture(model, v)]
+        fitting = [v for v in self.variants
+                   if not v.by_name_only and (v.architecture is None or self.has_architecture(model, v))]
         return (*fitting, self.generic)
 
     # Overridden per family ---------------------------------------------------------------

@@ -92,9 +92,9 @@ WAN = WanFamily(
                 magcache=magcache.WAN21_T2V_14B),
         # Same architectures as Wan 2.1 14B T2V and a 36-channel T2V: chosen with the variant
         # override, never detected.
-        Variant("wan2.2-t2v-a14b", "Wan2.2-T2V-A14B", T2V_14B, magcache=magcache.WAN22_T2V_A14B),
+        Variant("wan2.2-t2v-a14b", "Wan2.2-T2V-A14B", T2V_14B, magcache=magcache.WAN22_T2V_A14B, by_name_only=True),
         Variant("wan2.2-i2v-a14b", "Wan2.2-I2V-A14B", wan_shape("WAN21", 5120, 40, 36),
-                magcache=magcache.WAN22_I2V_A14B),
+                magcache=magcache.WAN22_I2V_A14B, by_name_only=True),
         Variant("wan2.2-ti2v-5b-t2v", "Wan2.2-TI2V-5B (text to video)", TI2V_5B, magcache=magcache.WAN22_TI2V_5B_T2V),
         Variant("wan2.2-ti2v-5b-i2v", "Wan2.2-TI2V-5B (image to video)", TI2V_5B, magcache=magcache.WAN22_TI2V_5B_I2V),
         Variant("wan-camera", "Wan Fun Camera"),

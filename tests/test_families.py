@@ -5,28 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-# Tiny models are no published checkpoint: those of families with published constants are the
-# family's generic variant (no constants); the others are named after their class.
-GENERIC = "architecture model (not a published checkpoint)"
-# tiny model -> (pack family, label of the variant auto-detected for a 12-step run of it)
-EXPECTED = {
-    "chroma": ("chroma", f"chroma-{GENERIC}"),
-    "cosmos_predict2": ("cosmos", "cosmos"),
-    "flux": ("flux", f"flux-{GENERIC}"),
-    "flux2": ("flux2", "flux.2"),
-    "hidream": ("hidream", "hidream"),
-    "hunyuan_video": ("hunyuan_video", f"hunyuanvideo-{GENERIC}"),
-    "hunyuan_video15": ("hunyuan_video", f"hunyuanvideo-{GENERIC}"),
-    "ltxv": ("ltxv", f"ltx-video-{GENERIC}"),
-    "lumina2": ("lumina2", "lumina2"),
-    "qwen_image": ("qwen_image", f"qwen-image-{GENERIC}"),
-    "sd3": ("sd3", "sd3"),
-    "wan21": ("wan", f"wan-{GENERIC}"),
-    "wan21_i2v": ("wan", f"wan-{GENERIC}"),
-    "wan21_vace": ("wan", f"wan-{GENERIC}"),
-    "wan22_5b": ("wan", f"wan-{GENERIC}"),
-}
-FAMILIES = sorted(EXPECTED)
+# Every tiny model (tests/harness/comfy_test_nodes/tiny_models.py); each names the pack family
+# and variant it must be detected as.
+FAMILIES = [
+    "chroma", "cosmos_predict2", "flux", "flux2", "hidream", "hunyuan_video", "hunyuan_video15", "ltxv",
+    "lumina2", "qwen_image", "sd3", "wan21", "wan21_i2v", "wan21_vace", "wan22_5b",
+]
 OUTPUT_SPACE = {"lumina2", "hidream", "cosmos_predict2"}
 
 
@@ -54,13 +38,15 @@ def flux_ratios():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_and_variant_are_detected(baselines, family):
-    from harness.sampling import Job, apply, stats
+    from harness.sampling import Job, apply, pack, stats, tiny
 
     model, _ = baselines[family]
     patched, node_id = apply(model, "magcache", threshold=0.05, ratios=flux_ratios())
     Job(family).run(patched)
-    name, variant = EXPECTED[family]
-    assert stats(node_id)["label"] == f"{name} / {variant}"
+    spec = tiny().FAMILIES[family]
+    pack_family = pack("families").family_for(model.model)
+    assert pack_family.name == spec.family
+    assert stats(node_id)["label"] == f"{spec.family} / {pack_family.variant(spec.variant).label}"
     assert stats(node_id)["constants"] == "connected ratios input"
 
 

@@ -81,7 +81,9 @@ class TinyFamily:
     name: str
     config_class: str  # the comfy.supported_models class detection must pick for the template
     family: str  # the pack's family (families.FAMILIES) that must claim the model
-    variant: str  # the variant the pack must detect for a 12-step run (tests/test_families.py)
+    # The variant the pack must detect for a 12-step run (tests/test_families.py). A tiny model is
+    # no published checkpoint: in a family with published constants it is the generic variant.
+    variant: str
     latent_channels: int
     # (H, W) for 4-D latents; (T, H, W) for 5-D ones: video models, and the image models that
     # ComfyUI runs on 5-D latents with T=1 (Qwen-Image, Cosmos-Predict2).
@@ -135,7 +137,7 @@ def _pooled(dim: int, **extra: object) -> ExtraCond:
 register(TinyFamily(
     name="flux",
     config_class="Flux",
-    family="flux", variant="flux.1-dev",
+    family="flux", variant="flux-architecture",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(32, guidance=3.5),
 ))
 
@@ -154,7 +156,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="chroma",
     config_class="Chroma",
-    family="chroma", variant="chroma",
+    family="chroma", variant="chroma-architecture",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(0),
 ))
 
@@ -163,7 +165,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="hunyuan_video",
     config_class="HunyuanVideo",
-    family="hunyuan_video", variant="hunyuanvideo-544p",
+    family="hunyuan_video", variant="hunyuan_video-architecture",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_pooled(32, guidance=6.0),
 ))
 
@@ -173,7 +175,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="hunyuan_video15",
     config_class="HunyuanVideo15",
-    family="hunyuan_video", variant="hunyuanvideo1.5-20step",
+    family="hunyuan_video", variant="hunyuan_video-architecture",
     latent_channels=32, latent_spatial=(2, 4, 4), context_dim=64, extra_cond=_pooled(0),
 ))
 
@@ -183,7 +185,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="qwen_image",
     config_class="QwenImage",
-    family="qwen_image", variant="qwen-image",
+    family="qwen_image", variant="qwen_image-architecture",
     latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
 ))
 
@@ -242,7 +244,7 @@ def _ltxv_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
 register(TinyFamily(
     name="ltxv",
     config_class="LTXV",
-    family="ltxv", variant="ltx-video",
+    family="ltxv", variant="ltxv-architecture",
     latent_channels=128, latent_spatial=(2, 4, 4), context_dim=64, extra_cond=_ltxv_extra,
 ))
 
@@ -252,7 +254,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="wan21",
     config_class="WAN21_T2V",
-    family="wan", variant="wan2.1-t2v-1.3b",
+    family="wan", variant="wan-architecture",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=4096,
 ))
 
@@ -262,7 +264,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="wan21_vace",
     config_class="WAN21_Vace",
-    family="wan", variant="wan2.1-vace-1.3b",
+    family="wan", variant="wan-architecture",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
 ))
 
@@ -270,7 +272,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="wan22_5b",
     config_class="WAN22_T2V",
-    family="wan", variant="wan2.2-ti2v-5b-t2v",
+    family="wan", variant="wan-architecture",
     latent_channels=48, latent_spatial=(3, 8, 8), context_dim=64,
 ))
 
@@ -286,7 +288,7 @@ def _wan_i2v_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
 register(TinyFamily(
     name="wan21_i2v",
     config_class="WAN21_I2V",
-    family="wan", variant="wan2.1-i2v-480p",
+    family="wan", variant="wan-architecture",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_wan_i2v_extra,
 ))
 
