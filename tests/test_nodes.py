@@ -99,10 +99,12 @@ def test_few_step_runs_sample_uncached_and_say_why(flux):
 def test_context_windows_turn_skipping_off(host):
     from comfy_extras.nodes_context_windows import ContextWindowsManualNode
 
-    from harness.sampling import Job
+    from harness.sampling import Job, execute_node
 
     wan = host.test_module("tiny_models").build_model("wan21", seed=0)
-    windowed = ContextWindowsManualNode.execute(wan, 2, 1, "standard_static", 1, False, "pyramid", 2).result[0]
+    windowed = execute_node(ContextWindowsManualNode, model=wan, context_length=2, context_overlap=1,
+                            context_schedule="standard_static", context_stride=1, closed_loop=False,
+                            fuse_method="pyramid", dim=2)[0]
     job = Job("wan21", frames=4)
     out, run_stats = run_disabled(windowed, job)
     assert "context windows" in run_stats["disabled_reason"]

@@ -49,8 +49,11 @@ def test_library_use_with_autograd_leaves_nothing_heavy_behind(host):
     from harness import sampling
 
     runtime = sampling.pack("nodes.runtime")
-    patched, _ = sampling.apply(sampling.tiny().build_model("sd3", seed=0), "teacache", threshold=5.0,
-                                max_consecutive_skips=100)
+    model = sampling.tiny().build_model("sd3", seed=0)
+    # Weights that require grad, as a library user's (training, a model of their own) do: ComfyUI
+    # 0.3.75 built every model that way, 0.30.0 turns grad off when it builds one.
+    model.model.diffusion_model.requires_grad_(True)
+    patched, _ = sampling.apply(model, "teacache", threshold=5.0, max_consecutive_skips=100)
     out = sampling.Job("sd3", steps=12, sampler="uni_pc").run(patched)
     assert out.requires_grad  # the library path this test is about
     del out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.host import comfyui_version
+
 pytestmark = pytest.mark.server
 
 
@@ -28,9 +30,9 @@ def tiny_graph(family: str, steps: int = 4, cfg: float = 3.0) -> dict:
     }
 
 
-def test_server_is_comfyui_0_3_75_with_the_pack(server):
+def test_server_is_the_host_comfyui_with_the_pack(server):
     stats = server.get("/system_stats")
-    assert stats["system"]["comfyui_version"] == "0.3.75"
+    assert stats["system"]["comfyui_version"] == comfyui_version()
     info = server.get("/object_info")
     assert "StepCacheTestTinyModel" in info and "EasyCache" in info
     assert {"ApplyTeaCache", "ApplyMagCache", "MagCacheCalibrate", "TeaCacheCalibrate"} <= info.keys()
@@ -130,7 +132,7 @@ def test_bad_widget_values_are_validation_errors_and_the_server_keeps_serving(se
     errors = rejected.value.body["node_errors"]["cache"]["errors"]
     text = " ".join(e["details"] + e["message"] for e in errors)
     assert "threshold" in text and "start_percent" in text
-    assert server.get("/system_stats")["system"]["comfyui_version"] == "0.3.75"
+    assert server.get("/system_stats")["system"]["comfyui_version"] == comfyui_version()
 
 
 def api_workflows() -> list:

@@ -247,7 +247,7 @@ class Bench:
         if not config.as_is:
             model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, COPY_WRAPPER_KEY, copy_input_wrapper)
         node_class = nodes.NODE_CLASS_MAPPINGS["EasyCache" if config.method == "easycache" else "LazyCache"]
-        patched = node_class.PREPARE_CLASS_CLONE({}).execute(
+        patched = harness_sampling.node_clone(node_class, {}).execute(
             model, reuse_threshold=config.threshold, start_percent=NATIVE_START, end_percent=NATIVE_END,
             verbose=False).result[0]
         if not config.as_is:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import comfy.model_management
-import comfy.utils
+import comfy.patcher_extension
 import psutil
 import torch
 
@@ -43,6 +43,7 @@ SCHEDULERS = ["simple", "normal", "karras", "exponential", "sgm_uniform", "beta"
 # Thresholds: 0 (never skip), a moderate one, and one that skips nearly everything.
 THRESHOLDS = {"teacache": [0.0, 0.3, 5.0], "magcache": [0.0, 0.1, 5.0]}
 MIN_STEPS_TO_CACHE = 10
+INTERRUPT_WRAPPER_KEY = "stepcache-fuzz-interrupt"
 
 
 @dataclass(frozen=True)
@@ -236,23 +237,31 @@ class Driver:
 
     def run_interruptible(self, spec: RunSpec, model: Any) -> torch.Tensor | None:
         """The run; None when it was interrupted as asked. The interrupt is ComfyUI's own: the flag
-        that /interrupt sets, raised by the next ComfyUI op or, as the server's progress hook does
-        (main.py), by the next progress update, whichever comes first."""
+        that /interrupt sets, raised by the next ComfyUI op. It is set from the sampler's own step
+        callback once ``interrupt_after`` steps have completed, wrapped in through ComfyUI's
+        SAMPLER_SAMPLE wrapper: every step reaches that callback, while the progress hook the
+        server uses is throttled (since ComfyUI 0.30.0, to one update per 100 ms)."""
         if spec.interrupt_after is None or spec.interrupt_after >= spec.schedule_steps:
             return spec.run(model)
 
-        def progress(value: int, total: int, preview: Any, **_: Any) -> None:
-            comfy.model_management.throw_exception_if_processing_interrupted()
-            if value == spec.interrupt_after:
-                comfy.model_management.interrupt_current_processing(True)
+        def interrupt_after_steps(executor: Any, model_wrap: Any, sigmas: Any, extra_args: Any, callback: Any,
+                                  *args: Any, **kwargs: Any) -> Any:
+            def step_done(step: int, *callback_args: Any) -> None:
+                if step + 1 == spec.interrupt_after:
+                    comfy.model_management.interrupt_current_processing(True)
+                if callback is not None:
+                    callback(step, *callback_args)
 
-        comfy.utils.set_progress_bar_global_hook(progress)
+            return executor(model_wrap, sigmas, extra_args, step_done, *args, **kwargs)
+
+        model = model.clone()
+        model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.SAMPLER_SAMPLE, INTERRUPT_WRAPPER_KEY,
+                                   interrupt_after_steps)
         try:
             output = spec.run(model)
         except comfy.model_management.InterruptProcessingException:
             return None
         finally:
-            comfy.utils.set_progress_bar_global_hook(None)
             comfy.model_management.interrupt_current_processing(False)
         raise AssertionError(f"asked to interrupt after step {spec.interrupt_after}, the run finished: {output.shape}")
 

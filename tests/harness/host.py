@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import pathlib
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -27,6 +28,16 @@ def comfyui_dir() -> pathlib.Path:
     if not (path / "comfy" / "model_patcher.py").is_file():
         raise RuntimeError(f"COMFYUI_DIR={path} is not a ComfyUI tree")
     return path
+
+
+def comfyui_version() -> str:
+    """The version of the ComfyUI tree under test, from its comfyui_version.py (what its server
+    reports in /system_stats)."""
+    text = (comfyui_dir() / "comfyui_version.py").read_text()
+    match = re.search(r'^__version__ = "([^"]+)"', text, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"no __version__ in {comfyui_dir() / 'comfyui_version.py'}")
+    return match.group(1)
 
 
 def make_base_directory(prefix: str, test_nodes: bool = True) -> pathlib.Path:

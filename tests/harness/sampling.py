@@ -5,6 +5,7 @@ Import after ``host.boot()`` (the ``host`` fixture): this module imports ComfyUI
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,27 @@ class Job:
                                           seed=self.seed)
 
 
+def node_clone(node: Any, hidden: dict[str, Any]) -> Any:
+    """``node.PREPARE_CLASS_CLONE`` called as ComfyUI's executor calls it: with the node's V3 data
+    (``{"hidden_inputs": ...}``) where it takes ``v3_data`` (ComfyUI 0.30.0), with the hidden
+    inputs themselves where it takes ``hidden_inputs`` (0.3.75)."""
+    if "v3_data" in inspect.signature(node.PREPARE_CLASS_CLONE).parameters:
+        return node.PREPARE_CLASS_CLONE({"hidden_inputs": hidden})
+    return node.PREPARE_CLASS_CLONE(hidden)
+
+
+def execute_node(node: Any, **inputs: Any) -> Any:
+    """Run a V3 node's ``execute`` with these inputs and every other input at its schema default
+    (inputs a newer ComfyUI adds, such as ContextWindowsManual's ``freenoise``, keep the default
+    behaviour). Returns the node's outputs."""
+    for schema_input in node.GET_SCHEMA().inputs:
+        if schema_input.id not in inputs and not schema_input.optional:
+            if getattr(schema_input, "default", None) is None:
+                raise TypeError(f"{node.__name__}: input {schema_input.id!r} has no default; pass it")
+            inputs[schema_input.id] = schema_input.default
+    return node_clone(node, {}).execute(**inputs).result
+
+
 def apply(model: Any, method: str, **inputs: Any) -> tuple[Any, str]:
     """Run ApplyTeaCache/ApplyMagCache's execute as ComfyUI does; returns (MODEL, node id)."""
     apply_nodes = pack("nodes.apply_nodes")
@@ -91,7 +113,7 @@ def apply(model: Any, method: str, **inputs: Any) -> tuple[Any, str]:
                          cache_device="main_device"),
         "magcache": dict(threshold=0.06, max_consecutive_skips=2, retention_ratio=0.2, cache_device="main_device"),
     }[method]
-    clone = node.PREPARE_CLASS_CLONE({"UNIQUE_ID": node_id})
+    clone = node_clone(node, {"UNIQUE_ID": node_id})
     return clone.execute(model, **{**defaults, **inputs}).result[0], node_id
 
 
