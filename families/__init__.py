@@ -18,6 +18,8 @@ from .base import METHOD_CONSTANTS, Architecture, BlockKey, Family, RunContext, 
 from .chroma import CHROMA
 from .flux import FLUX, FLUX2
 from .hunyuan_video import HUNYUAN_VIDEO
+from .joyimage import JOYIMAGE
+from .lens import LENS
 from .ltxv import LTXV
 from .output_space import COSMOS, HIDREAM, LUMINA2
 from .qwen_image import QWEN_IMAGE
@@ -25,7 +27,7 @@ from .sd3 import SD3
 from .wan import WAN
 
 FAMILIES: tuple[Family, ...] = (
-    FLUX, FLUX2, CHROMA, WAN, HUNYUAN_VIDEO, QWEN_IMAGE, LTXV, SD3, LUMINA2, HIDREAM, COSMOS,
+    FLUX, FLUX2, CHROMA, WAN, HUNYUAN_VIDEO, QWEN_IMAGE, LTXV, SD3, LENS, JOYIMAGE, LUMINA2, HIDREAM, COSMOS,
 )
 
 _UNET = "a UNet"

@@ -103,6 +103,15 @@ class ActiveRun:
         self.diffusion_model = None
         return stats
 
+    def check_reached(self) -> None:
+        """After a finished run: if its steps never reached the hooks (a ComfyUI that hands a
+        model's blocks no transformer_options, e.g. Wan 2.2 S2V before 0.30.0), say so."""
+        cache = self.cache
+        if cache.enabled and cache.schedule.steps and not cache.calls_computed + cache.calls_skipped:
+            reason = "the model's blocks never reached the cache: this ComfyUI passes them no transformer_options"
+            LOGGER.warning("[StepCache] %s: %s; the run was uncached", self.label, reason)
+            cache.disable(reason)
+
     # Block hooks ---------------------------------------------------------------------------
 
     def run_block(self, hook: BlockHook, args: dict, extra: dict) -> dict:
@@ -235,7 +244,9 @@ def outer_sample_wrapper(executor: Any, *args: Any, **kwargs: Any) -> Any:
         return executor(*args, **kwargs)
     options[RUN_KEY] = run
     try:
-        return executor(*args, **kwargs)
+        out = executor(*args, **kwargs)
+        run.check_reached()
+        return out
     finally:
         options.pop(RUN_KEY, None)
         finish_run(settings, run, run.release())

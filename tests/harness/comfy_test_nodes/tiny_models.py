@@ -150,6 +150,16 @@ register(TinyFamily(
     latent_channels=128, latent_spatial=(8, 8), context_dim=64, extra_cond=_pooled(0, guidance=4.0),
 ))
 
+# LongCat-Image (ComfyUI 0.30.0): FLUX.1's blocks without guidance embedding or pooled vector,
+# text from Qwen2.5-VL. Detection keys the class on that text width (3584; 64 here), so the
+# template names the class.
+register(TinyFamily(
+    name="longcat_image",
+    config_class="LongCatImage",
+    family="flux", variant="longcat-image",
+    latent_channels=16, latent_spatial=(16, 16), context_dim=64,
+))
+
 # Chroma: Flux blocks without per-block modulation; an "approximator" MLP makes all modulation
 # vectors at once. Its input width (64 = 16 timestep + 16 guidance + 32 index) is hard-coded,
 # and its output width must equal hidden_size. Patch size 2 with in_channels already patchified.
@@ -186,6 +196,33 @@ register(TinyFamily(
     name="qwen_image",
     config_class="QwenImage",
     family="qwen_image", variant="qwen_image-architecture",
+    latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
+))
+
+# Mage-Flow (ComfyUI 0.30.0): Qwen-Image's blocks at patch 1 on FLUX.2's 128-channel latent.
+register(TinyFamily(
+    name="mage_flow",
+    config_class="MageFlow",
+    family="qwen_image", variant="mage-flow",
+    latent_channels=128, latent_spatial=(8, 8), context_dim=64,
+))
+
+# Lens (ComfyUI 0.30.0): Qwen-style blocks on FLUX.2's 32-channel latent packed 2x2 (128
+# channels in); the text is several encoder layers side by side (4 x 16 wide here).
+register(TinyFamily(
+    name="lens",
+    config_class="Lens",
+    family="lens", variant="lens",
+    latent_channels=128, latent_spatial=(8, 8), context_dim=64,
+))
+
+# JoyImage (ComfyUI 0.30.0): dual-stream blocks on Wan 2.1's 16-channel latent (5-D, one frame),
+# a per-block modulation table added to the projected timestep. One head of the real head width
+# (128, RoPE axes 16/56/56): ComfyUI's RoPE for this model fails at smaller head widths.
+register(TinyFamily(
+    name="joyimage",
+    config_class="JoyImage",
+    family="joyimage", variant="joyimage",
     latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
 ))
 
