@@ -21,13 +21,14 @@ from .hunyuan_video import HUNYUAN_VIDEO
 from .joyimage import JOYIMAGE
 from .lens import LENS
 from .ltxv import LTXV
-from .output_space import COSMOS, HIDREAM, LUMINA2
+from .output_space import COSMOS, HIDREAM, KANDINSKY5, LUMINA2
 from .qwen_image import QWEN_IMAGE
 from .sd3 import SD3
 from .wan import WAN
 
 FAMILIES: tuple[Family, ...] = (
     FLUX, FLUX2, CHROMA, WAN, HUNYUAN_VIDEO, QWEN_IMAGE, LTXV, SD3, LENS, JOYIMAGE, LUMINA2, HIDREAM, COSMOS,
+    KANDINSKY5,
 )
 
 _UNET = "a UNet"

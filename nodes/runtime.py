@@ -81,9 +81,12 @@ class ActiveRun:
     """One sampling run's cache, reachable from every hook through transformer_options."""
 
     def __init__(self, cache: RunCache, family: families.Family, label: str, constants: str | None,
-                 diffusion_model: torch.nn.Module, use_signal: bool) -> None:
+                 diffusion_model: torch.nn.Module, use_signal: bool, latent_channels: int = 0) -> None:
         self.cache = cache
         self.family = family
+        # Output space: the model input's leading channels are the latent it predicts for; any after
+        # them are concatenated conditioning (an image to extend, a mask), the same on every step.
+        self.latent_channels = latent_channels
         self.label = label  # what the model is, e.g. "flux / flux.1-dev"
         self.constants = constants  # which constants the run uses, and where they came from
         self.diffusion_model = diffusion_model
@@ -130,9 +133,11 @@ class ActiveRun:
 
     def run_model(self, executor: Any, x: torch.Tensor, options: dict, args: tuple, kwargs: dict) -> torch.Tensor:
         """Output-space caching of the whole diffusion model (families without block hooks).
-        The TeaCache signal is the model input itself."""
+        The TeaCache signal is the model input's latent itself."""
         call = PASSTHROUGH
         if self.cache.enabled:
+            if 0 < self.latent_channels < x.shape[1]:
+                x = x[:, :self.latent_channels]
             call = self._begin(options, x, partial(torch.Tensor.detach, x) if self.use_signal else None)
         if call.skip:
             return call.cached_output
@@ -294,7 +299,8 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
         cache.observer = observer
     use_signal = (isinstance(policy, TeaCachePolicy) or observer is not None) and cache.enabled
     label = f"{family.name} / {shown.label}"
-    return ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal)
+    latent_channels = model.latent_format.latent_channels if family.caches_in_output_space else 0
+    return ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal, latent_channels)
 
 
 def make_policy(settings: CacheSettings, schedule: RunSchedule, variant: families.Variant,

@@ -189,6 +189,22 @@ register(TinyFamily(
     latent_channels=32, latent_spatial=(2, 4, 4), context_dim=64, extra_cond=_pooled(0),
 ))
 
+# HunyuanImage 2.1: HunyuanVideo's blocks at patch 1 on a 64-channel 2-D latent, no pooled
+# vector. Its refiner samples a 32-channel 3-D latent that ComfyUI packs into 64 channels (frame
+# pairs), and takes the image to refine as 64 more.
+register(TinyFamily(
+    name="hunyuan_image21",
+    config_class="HunyuanImage21",
+    family="hunyuan_video", variant="hunyuanimage2.1",
+    latent_channels=64, latent_spatial=(8, 8), context_dim=64, extra_cond=_pooled(0),
+))
+register(TinyFamily(
+    name="hunyuan_image21_refiner",
+    config_class="HunyuanImage21Refiner",
+    family="hunyuan_video", variant="hunyuanimage2.1-refiner",
+    latent_channels=32, latent_spatial=(1, 8, 8), context_dim=64, extra_cond=_pooled(0),
+))
+
 # --- Other MMDiT-style image models -----------------------------------------------------------
 
 # Qwen-Image: one kind of dual-stream block; in_channels is the 2x2-packed latent (16 * 4).
@@ -244,6 +260,16 @@ register(TinyFamily(
     latent_channels=16, latent_spatial=(16, 16), context_dim=64,
 ))
 
+# Z-Image pixel space (ComfyUI 0.30.0): the Z-Image transformer on 4 x 4 RGB patches, an MLP
+# decoder per patch. Z-Image's modulation needs a width of at least 256; detection keys the class
+# on the real width (3840), so the template names it.
+register(TinyFamily(
+    name="zimage_pixel",
+    config_class="ZImagePixelSpace",
+    family="lumina2", variant="z-image-pixel-space",
+    latent_channels=3, latent_spatial=(32, 32), context_dim=64,
+))
+
 
 def _hidream_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
     # Llama hidden states of every selected layer: (batch, layers, tokens, width); each block
@@ -268,6 +294,23 @@ register(TinyFamily(
     config_class="CosmosT2IPredict2",
     family="cosmos", variant="cosmos",
     latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
+))
+
+
+# Kandinsky 5 (ComfyUI 0.30.0): video, with an image-to-video concat of 16 + 1 channels that the
+# model takes on every call (visual_embed_dim 132 = 33 x 2 x 2); image (Kandinsky5Image, named:
+# detection keys it on the real width) without. A pooled text vector (768 wide; 32 here).
+register(TinyFamily(
+    name="kandinsky5",
+    config_class="Kandinsky5",
+    family="kandinsky5", variant="kandinsky5",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_pooled(32),
+))
+register(TinyFamily(
+    name="kandinsky5_image",
+    config_class="Kandinsky5Image",
+    family="kandinsky5", variant="kandinsky5-image",
+    latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(32),
 ))
 
 
@@ -327,6 +370,51 @@ register(TinyFamily(
     config_class="WAN21_I2V",
     family="wan", variant="wan-architecture",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_wan_i2v_extra,
+))
+
+
+def _wan_s2v_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
+    # Wav2Vec features as ComfyUI's WanSoundImageToVideo hands them on: (batch, 25 encoder layers,
+    # audio width, 4 per latent frame); 40 covers up to 10 latent frames (the model takes the
+    # first 4 x frames). The audio is injected into the stream after the blocks it names.
+    return {"audio_embed": torch.randn(batch, 25, 32, 40, generator=gen)}
+
+
+# Wan 2.2 S2V: Wan blocks plus a causal audio encoder whose features are added into the stream
+# after blocks 0 and 1 (audio_inject_layers); ComfyUI 0.3.75 hands these blocks no
+# transformer_options, so the cache runs there only from 0.30.0 on.
+register(TinyFamily(
+    name="wan22_s2v",
+    config_class="WAN22_S2V",
+    family="wan", variant="wan2.2-s2v",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_wan_s2v_extra,
+))
+
+
+def _scail_pose(batch: int, tokens: int, gen: torch.Generator) -> dict:
+    # A half-resolution pose video (3 frames of 4 x 4): its tokens follow the image's in the stream.
+    return {"pose_video_latent": torch.randn(batch, 16, 3, 4, 4, generator=gen)}
+
+
+# Wan variants of ComfyUI 0.30.0 on the same blocks: SCAIL and SCAIL-2 (character animation:
+# 20 input channels; SCAIL here with pose tokens appended to the stream), WanDancer (36 channels,
+# image-to-video concat) and FlowRVS (video to mask, sampled from the video latent itself). Their
+# other extra inputs are left out; the blocks and the hooks' call structure are the same with them.
+register(TinyFamily(
+    name="wan21_scail", config_class="WAN21_SCAIL", family="wan", variant="wan2.1-scail",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_scail_pose,
+))
+register(TinyFamily(
+    name="wan21_scail2", config_class="WAN21_SCAIL2", family="wan", variant="wan2.1-scail2",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
+))
+register(TinyFamily(
+    name="wan22_wandancer", config_class="WAN22_WanDancer", family="wan", variant="wan2.2-wandancer",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
+))
+register(TinyFamily(
+    name="wan21_flowrvs", config_class="WAN21_FlowRVS", family="wan", variant="wan2.1-flowrvs",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
 ))
 
 
