@@ -35,12 +35,18 @@ LUMINA2 = OutputSpaceFamily(
     class_variants={"Lumina2": "lumina2", "ZImagePixelSpace": "z-image-pixel-space"},
 )
 HIDREAM = OutputSpaceFamily(name="hidream", model_classes=("HiDream",), variants=(Variant("hidream", "HiDream-I1"),))
+# Anima (ComfyUI 0.30.0) is Cosmos-Predict2's DiT with an LLM adapter for its text.
 COSMOS = OutputSpaceFamily(
-    name="cosmos", model_classes=("CosmosVideo", "CosmosPredict2"),
-    variants=(Variant("cosmos", "Cosmos"),),
+    name="cosmos", model_classes=("CosmosVideo", "CosmosPredict2", "Anima"),
+    variants=(Variant("cosmos", "Cosmos"), Variant("anima", "Anima")),
+    class_variants={"Anima": "anima"},
 )
 KANDINSKY5 = OutputSpaceFamily(
     name="kandinsky5", model_classes=("Kandinsky5", "Kandinsky5Image"),
     variants=(Variant("kandinsky5", "Kandinsky 5 video"), Variant("kandinsky5-image", "Kandinsky 5 image")),
     class_variants={"Kandinsky5": "kandinsky5", "Kandinsky5Image": "kandinsky5-image"},
 )
+KREA2 = OutputSpaceFamily(name="krea2", model_classes=("Krea2",), variants=(Variant("krea2", "Krea 2"),))
+PIXELDIT = OutputSpaceFamily(name="pixeldit", model_classes=("PixelDiTT2I",), variants=(Variant("pixeldit", "PixelDiT"),))
+COGVIDEOX = OutputSpaceFamily(name="cogvideox", model_classes=("CogVideoX",), variants=(Variant("cogvideox", "CogVideoX"),))
+AURAFLOW = OutputSpaceFamily(name="auraflow", model_classes=("AuraFlow",), variants=(Variant("auraflow", "AuraFlow"),))

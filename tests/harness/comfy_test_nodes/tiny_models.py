@@ -297,6 +297,17 @@ register(TinyFamily(
 ))
 
 
+# Anima (ComfyUI 0.30.0): Cosmos-Predict2's DiT plus an LLM adapter that turns Qwen3 hidden states
+# and T5 token ids into its text; the adapter has fixed sizes (1024 wide, a 32128-token embedding:
+# the bulk of this model). Without token ids the text goes to the DiT as it is, as here.
+register(TinyFamily(
+    name="anima",
+    config_class="Anima",
+    family="cosmos", variant="anima",
+    latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
+))
+
+
 # Kandinsky 5 (ComfyUI 0.30.0): video, with an image-to-video concat of 16 + 1 channels that the
 # model takes on every call (visual_embed_dim 132 = 33 x 2 x 2); image (Kandinsky5Image, named:
 # detection keys it on the real width) without. A pooled text vector (768 wide; 32 here).
@@ -311,6 +322,48 @@ register(TinyFamily(
     config_class="Kandinsky5Image",
     family="kandinsky5", variant="kandinsky5-image",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(32),
+))
+
+
+# Krea 2 (ComfyUI 0.30.0): single-stream blocks on Wan 2.1's latent (5-D, one frame), text from
+# several encoder layers side by side (2 x 32 here) fused by its own small transformer.
+register(TinyFamily(
+    name="krea2",
+    config_class="Krea2",
+    family="krea2", variant="krea2",
+    latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
+))
+
+
+# PixelDiT (ComfyUI 0.30.0): patch-level then pixel-level transformer blocks on RGB (4 x 4
+# patches here). Its checkpoints keep their keys under "core." with fused pixel-block
+# modulations that ComfyUI splits on load; the template's keys are the module's under that prefix,
+# and it names the class (detection returns no sizes for it).
+register(TinyFamily(
+    name="pixeldit",
+    config_class="PixelDiTT2I",
+    family="pixeldit", variant="pixeldit",
+    latent_channels=3, latent_spatial=(32, 32), context_dim=64,
+))
+
+
+# CogVideoX (ComfyUI 0.30.0): an expert-transformer video model with v-prediction on a discrete
+# (DDPM) schedule; 3-D RoPE as in the 5B models, text padded to its own length (8 here).
+register(TinyFamily(
+    name="cogvideox",
+    config_class="CogVideoX_T2V",
+    family="cogvideox", variant="cogvideox",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
+))
+
+
+# AuraFlow: MMDiT joint then single blocks on SDXL's 4-channel latent; detection keys the class on
+# its text width (2048, kept), a learned position table (64 patches here).
+register(TinyFamily(
+    name="auraflow",
+    config_class="AuraFlow",
+    family="auraflow", variant="auraflow",
+    latent_channels=4, latent_spatial=(16, 16), context_dim=2048,
 ))
 
 
