@@ -25,9 +25,9 @@ import shlex
 import sys
 import time
 
+# The harness (tests/harness) and stepbench (benchmark/stepbench) are importable through the
+# PYTHONPATH ./dev sets (never the repository root itself, whose nodes/ shadows ComfyUI's).
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tests"))  # the harness that boots the real ComfyUI
-sys.path.insert(0, str(REPO_ROOT / "benchmark"))  # stepbench (never the repository root itself)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -53,7 +53,8 @@ class CachePolicy(ABC):
         """False when the settings can never skip (threshold 0): the run then does no cache work."""
 
     def needs_signal(self, step: int) -> bool:
-        """Whether ``decide`` for this step uses the TeaCache input-change signal."""
+        """Whether ``wants_skip`` for this step uses the TeaCache input-change signal (the run cache
+        evaluates the signal only then)."""
         return False
 
     @abstractmethod

@@ -2,16 +2,14 @@
 
     ./dev preview image|video [--out PATH] [--steps 30] [--cfg 4] [--per-class 8]
 
-(or ``$COMFYUI_PYTHON -P demo/preview.py ...``). Rows are classes; for video each row is one
+(or ``./dev py demo/preview.py ...``). Rows are classes; for video each row is one
 clip's frames. Default outputs: /tmp/demo_samples_image.png and /tmp/demo_samples_video.png.
 """
 
 if __name__ == "__main__":  # run as a script: boot ComfyUI with the pack, then re-enter as demo.preview
-    import pathlib
     import sys
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-    from harness import host
+    from harness import host  # the dev harness package (./dev puts tests/ on PYTHONPATH)
 
     raise SystemExit(host.boot().pack_module("demo.preview").main(sys.argv[1:]))
 

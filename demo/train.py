@@ -1,6 +1,6 @@
 """Train a demo model on CPU, reproducibly:  ./dev train image|video [--minutes N] [--steps N]
 
-(or ``$COMFYUI_PYTHON -P demo/train.py image``). Writes ``demo/weights/<kind>.safetensors``.
+(or ``./dev py demo/train.py image``). Writes ``demo/weights/<kind>.safetensors``.
 
 Rectified flow exactly as ComfyUI samples Flux and Wan: the model-internal latent x0 (what
 ``process_latent_in`` gives inside KSampler) is noised as ``model_sampling.noise_scaling``
@@ -27,11 +27,9 @@ ComfyUI's transformer blocks update tensors in place (inference code), which aut
 """
 
 if __name__ == "__main__":  # run as a script: boot ComfyUI with the pack, then re-enter as demo.train
-    import pathlib
     import sys
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-    from harness import host
+    from harness import host  # the dev harness package (./dev puts tests/ on PYTHONPATH)
 
     raise SystemExit(host.boot().pack_module("demo.train").main(sys.argv[1:]))
 

@@ -1,7 +1,7 @@
 """Published MagCache magnitude-ratio tables (data only).
 
-Numbers as published in the repositories named on each table (commit and line), collected in
-the project's shared/reference/constants.md. Each table is one entry per step, or per model call
+Numbers as published in the repositories named on each table (repository@commit, file and
+line, also kept as each table's ``source``). Each table is one entry per step, or per model call
 with cond/uncond interleaved; ``calibrated_steps`` is the step count it was measured at. Tables
 whose script prepends a [1.0, 1.0] first step have it prepended here.
 """

@@ -1,7 +1,7 @@
 """Published TeaCache rescaling polynomials (data only), numpy poly1d order (highest power first).
 
-Numbers as published in the repositories named on each (commit and line), collected in the
-project's shared/reference/constants.md. Each polynomial maps the relative L1 change of the
+Numbers as published in the repositories named on each (repository@commit, file and line, also
+kept as each one's ``source``). Each polynomial maps the relative L1 change of the
 signal it was fitted on; the family module computes that same signal.
 """
 

@@ -14,15 +14,17 @@ import argparse
 import copy
 import json
 import math
+import os
 import pathlib
 import shutil
 import statistics
 import sys
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tests"))  # the same real-server runner the tests use
+from harness.server import (
+    ComfyServer,  # the real-server runner the tests use (./dev puts tests/ on PYTHONPATH)
+)
 
-from harness.server import ComfyServer  # noqa: E402
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 DEFAULT_WORKFLOW = REPO_ROOT / "example_workflows" / "api" / "demo_image_magcache.json"
 CACHE_NODE_TYPES = {"ApplyTeaCache", "ApplyMagCache"}
@@ -64,21 +66,33 @@ def psnr(a: list[float], b: list[float]) -> float:
     return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
-def main() -> int:
+def caller_path(path: pathlib.Path) -> pathlib.Path:
+    """A path as the caller meant it: relative ones against the directory ./dev was called from
+    (it runs commands in the repository root), else against the working directory."""
+    return (pathlib.Path(os.environ.get("STEPCACHE_CALLER_CWD", os.getcwd())) / path).resolve()
+
+
+def shown(path: pathlib.Path) -> str:
+    """Relative to the repository when inside it, else as it is."""
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workflow", type=pathlib.Path, default=DEFAULT_WORKFLOW)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (plus one warm-up)")
     parser.add_argument("--out", type=pathlib.Path, default=REPO_ROOT / "out" / "demo")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.workflow, args.out = caller_path(args.workflow), caller_path(args.out)
 
     cached_graph = json.loads(args.workflow.read_text())
     uncached_graph = without_cache(cached_graph)
     if uncached_graph.keys() == cached_graph.keys():
-        print(f"{args.workflow} has no ApplyTeaCache/ApplyMagCache node", file=sys.stderr)
+        print(f"{shown(args.workflow)} has no ApplyTeaCache/ApplyMagCache node", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
 
-    print(f"Starting ComfyUI (CPU) with the pack; workflow {args.workflow.relative_to(REPO_ROOT)}")
+    print(f"Starting ComfyUI (CPU) with the pack; workflow {shown(args.workflow)}")
     with ComfyServer(test_nodes=False) as server:
         times: dict[str, list[float]] = {"uncached": [], "cached": []}
         scores: list[float] = []

@@ -4,12 +4,9 @@ real ComfyUI (in-process, tiny models), with the report the robustness tests ass
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-
-from harness import host
+from harness import host  # the dev harness package (./dev puts tests/ on PYTHONPATH)
 
 
 def main(argv: list[str]) -> int:

@@ -161,3 +161,14 @@ def test_video_samples_follow_their_class(demo):
     random = demo.models.random_model("video", seed=0)
     noise_videos, noise_labels = demo.preview.sample_classes(random, "video", per_class=1, seed=0, steps=10, cfg=CFG)
     assert _scheme_matches(demo, noise_videos.numpy(), noise_labels) < 0.3
+
+
+def test_committed_weights_sample_as_recorded_on_this_comfyui(host):
+    """The demo models load and sample the same on every supported ComfyUI: fixed-seed samples
+    match the committed reference (harness/demo_reference.py, written on one version) to float
+    rounding. A wrong class, schedule, head count or weight moves them by far more."""
+    from harness import demo_reference
+
+    reference, now = demo_reference.load(), demo_reference.compute()
+    for kind in demo_reference.SETTINGS:
+        torch.testing.assert_close(now[kind], reference[kind], atol=2e-3, rtol=1e-3, msg=lambda m, k=kind: f"{k}: {m}")

@@ -410,6 +410,17 @@ def test_cond_and_uncond_batched_or_separate_decide_alike(h, log, family):
 # 6. Partial schedules: KSamplerAdvanced, denoise < 1, two-stage graphs ---------------------------
 
 
+def test_progress_inverts_a_real_models_percent_to_sigma(h):
+    """Progress is read back from a sigma through the model's own percent_to_sigma (the pack's
+    schedule module; tests/core checks the arithmetic on a synthetic mapping)."""
+    schedule = h.sampling.pack("cache_core.schedule")
+    percent_to_sigma = build(h, "flux").get_model_object("model_sampling").percent_to_sigma
+    for percent in (0.0, 0.1, 0.37, 0.5, 0.93):
+        sigma = float(percent_to_sigma(percent))
+        assert schedule.progress_of_sigma(sigma, percent_to_sigma) == pytest.approx(percent, abs=1e-9)
+    assert schedule.progress_of_sigma(0.0, percent_to_sigma) == 1.0
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_partial_schedules(h, log, family):
     patched, node = fresh_forced(h, family)

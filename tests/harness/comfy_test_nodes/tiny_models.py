@@ -91,6 +91,9 @@ class TinyFamily:
     context_dim: int
     context_tokens: int = 8
     extra_cond: ExtraCond = field(default=_no_extra)
+    # What else this ComfyUI must do for the cache to drive the model (feature detection), when
+    # having the class is not enough: Wan 2.2 S2V's blocks get transformer_options from 0.30.0 on.
+    requires: Callable[[], bool] | None = None
 
     @property
     def is_video(self) -> bool:
@@ -102,8 +105,9 @@ class TinyFamily:
         return _template(self.name)
 
     def available(self) -> bool:
-        """Whether this ComfyUI has the model class (some families exist only in newer ones)."""
-        return hasattr(comfy.supported_models, self.config_class)
+        """Whether this ComfyUI has the model class (some families exist only in newer ones) and
+        does what ``requires`` asks."""
+        return hasattr(comfy.supported_models, self.config_class) and (self.requires is None or self.requires())
 
 
 @functools.cache
@@ -433,14 +437,37 @@ def _wan_s2v_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
     return {"audio_embed": torch.randn(batch, 25, 32, 40, generator=gen)}
 
 
+@functools.cache
+def blocks_get_transformer_options(family: str) -> bool:
+    """Whether this ComfyUI hands the first block patch of the tiny ``family`` model its
+    transformer_options: one direct call of the diffusion model with a recording patch."""
+    spec = FAMILIES[family]
+    seen = []
+
+    def probe(args: dict, extra: dict) -> dict:
+        seen.append("transformer_options" in args)
+        return extra["original_block"](args)
+
+    model = build_model(family).model
+    gen = torch.Generator().manual_seed(0)
+    x = torch.zeros(1, spec.latent_channels, *spec.latent_spatial)
+    context = torch.randn(1, spec.context_tokens, spec.context_dim, generator=gen)
+    options = {"patches_replace": {"dit": {("double_block", 0): probe}}}
+    with torch.no_grad():
+        model.diffusion_model(x, torch.tensor([0.5]), context, transformer_options=options)
+    return bool(seen) and all(seen)
+
+
 # Wan 2.2 S2V: Wan blocks plus a causal audio encoder whose features are added into the stream
-# after blocks 0 and 1 (audio_inject_layers); ComfyUI 0.3.75 hands these blocks no
-# transformer_options, so the cache runs there only from 0.30.0 on.
+# after blocks 0 and 1 (audio_inject_layers). ComfyUI 0.3.75 hands these blocks no
+# transformer_options, so the cache drives them only from 0.30.0 on (tests/test_families.py checks
+# both).
 register(TinyFamily(
     name="wan22_s2v",
     config_class="WAN22_S2V",
     family="wan", variant="wan2.2-s2v",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_wan_s2v_extra,
+    requires=lambda: blocks_get_transformer_options("wan22_s2v"),
 ))
 
 
