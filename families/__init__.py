@@ -43,6 +43,7 @@ UNSUPPORTED: dict[str, str] = {
     "BaseModel": _UNET + " (SD 1.x / 2.x)",
     "SD21UNCLIP": _UNET, "SDXLRefiner": _UNET, "SDXL": _UNET, "SVD_img2vid": _UNET, "SV3D_u": _UNET,
     "SV3D_p": _UNET, "Stable_Zero123": _UNET, "SD_X4Upscaler": _UNET, "Lotus": _UNET,
+    "SD15_instructpix2pix": _UNET, "SDXL_instructpix2pix": _UNET,
     "StableCascade_C": "Stable Cascade stage C, a UNet-style prior", "StableCascade_B": "Stable Cascade stage B, a UNet",
     "StableAudio1": _AUDIO, "StableAudio3": _AUDIO, "ACEStep": _AUDIO, "ACEStep15": _AUDIO,
     "Hunyuan3Dv2": _3D, "Hunyuan3Dv2_1": _3D, "TripoSplat": _3D, "MiniMaxH3": (

@@ -180,9 +180,42 @@ def test_wan22_s2v_is_cached_where_comfyui_hands_its_blocks_transformer_options(
     run = stats(node_id)
     assert run["label"] == "wan / wan2.2-s2v"
     if tiny.blocks_get_transformer_options("wan22_s2v"):
-        assert run["disabled_reason"] is None and run["calls_skipped"] >= job.steps - 1, run
+        assert run["disabled_reason"] is None and run["calls_skipped"] >= 8, run
         assert not torch.equal(out, expected)
     else:
         assert run["disabled_reason"] == ("the model's blocks never reached the cache: this ComfyUI passes them "
                                           "no transformer_options"), run
         assert torch.equal(out, expected)
+
+
+# Classes the pack cached before this survey whose tiny models are still to be written (their
+# forwards are their family's: Wan's blocks with extra inputs, HunyuanVideo's with an image
+# concat, Chroma's in pixel space, Cosmos 1 in output space).
+WITHOUT_TINY_MODEL = {"HunyuanVideoI2V", "HunyuanVideoSkyreelsI2V", "WAN21_Camera", "WAN21_HuMo",
+                      "WAN22_Animate", "ChromaRadiance", "CosmosVideo"}
+
+
+def test_every_model_class_of_this_comfyui_is_cached_and_tested_or_unsupported_with_a_reason(host):
+    """The survey of comfy.model_base, against the ComfyUI under test: a class is cached by one
+    family (and has a tiny model here) or listed in families.UNSUPPORTED with why."""
+    import inspect
+
+    import comfy.model_base
+
+    families = host.pack_module("families")
+    present = {name for name, cls in vars(comfy.model_base).items()
+               if inspect.isclass(cls) and issubclass(cls, comfy.model_base.BaseModel)
+               and cls.__module__ == comfy.model_base.__name__}
+    cached = [name for family in families.FAMILIES for name in family.model_classes]
+    assert len(cached) == len(set(cached)), "a class in two families"
+    assert not set(cached) & set(families.UNSUPPORTED)
+    assert all(reason for reason in families.UNSUPPORTED.values())
+    unknown = present - set(cached) - set(families.UNSUPPORTED)
+    assert not unknown, f"classes of this ComfyUI in neither list: {sorted(unknown)}"
+    tiny = host.test_module("tiny_models")
+    import comfy.supported_models
+
+    built = {type(tiny.build_model(name).model).__name__ for name, spec in tiny.FAMILIES.items()
+             if hasattr(comfy.supported_models, spec.config_class)}
+    untested = (present & set(cached)) - built - WITHOUT_TINY_MODEL
+    assert not untested, f"cached classes without a tiny model: {sorted(untested)}"
