@@ -34,10 +34,12 @@ if __name__ == "__main__":  # run as a script: boot ComfyUI with the pack, then 
     raise SystemExit(host.boot().pack_module("demo.train").main(sys.argv[1:]))
 
 import argparse
+import contextlib
 import copy
 import math
 import pathlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,7 +132,30 @@ def eval_loss(base_model, kind: str, seed: int = 12345, per_class: int = 8) -> f
     return float(torch.cat(losses).mean())
 
 
+@contextlib.contextmanager
+def comfy_training_mode() -> Iterator[None]:
+    """ComfyUI's own training flag, where it has one (0.30.0: ``model_management.in_training``,
+    set by its LoRA training node): with it, layers take their differentiable paths instead of
+    fused kernels that have no backward (comfy_kitchen's RoPE)."""
+    import comfy.model_management
+
+    if not hasattr(comfy.model_management, "in_training"):
+        yield
+        return
+    before = comfy.model_management.in_training
+    comfy.model_management.in_training = True
+    try:
+        yield
+    finally:
+        comfy.model_management.in_training = before
+
+
 def train(kind: str, cfg: TrainConfig, minutes: float, out: pathlib.Path, log_every: int = 50) -> dict:
+    with comfy_training_mode():
+        return _train(kind, cfg, minutes, out, log_every)
+
+
+def _train(kind: str, cfg: TrainConfig, minutes: float, out: pathlib.Path, log_every: int) -> dict:
     torch.set_num_threads(cfg.threads)
     torch.set_flush_denormal(True)  # zero-initialised layers otherwise make the first steps crawl
     torch.manual_seed(cfg.seed)

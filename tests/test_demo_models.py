@@ -172,3 +172,19 @@ def test_committed_weights_sample_as_recorded_on_this_comfyui(host):
     reference, now = demo_reference.load(), demo_reference.compute()
     for kind in demo_reference.SETTINGS:
         torch.testing.assert_close(now[kind], reference[kind], atol=2e-3, rtol=1e-3, msg=lambda m, k=kind: f"{k}: {m}")
+
+
+def test_training_runs_and_saves_a_checkpoint_every_version_loads(demo, host, tmp_path):
+    """./dev train on this ComfyUI: gradients flow (0.30.0 builds models without grad and has
+    RoPE kernels without a backward outside its training mode), and the file is in the template's
+    checkpoint format, whatever names this ComfyUI's modules use."""
+    train = host.pack_module("demo.train")
+    config = train.TrainConfig(**{**train.CONFIGS["image"].__dict__, "steps": 2, "batch_size": 4, "threads": 1})
+    result = train.train("image", config, minutes=5.0, out=tmp_path / "image.safetensors")
+    assert result["steps"] == 2 and np.isfinite(result["train_loss"])
+    tensors, metadata = demo.models.read_weights(tmp_path / "image.safetensors")
+    assert metadata["demo_kind"] == "image" and metadata["config_class"] == "Flux"
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == dict(demo.models.SPECS["image"].template.shapes)
+    initial = demo.models.init_state_dict("image", seed=config.seed)
+    assert any(not torch.equal(tensors[k], initial[k].half().float()) for k in tensors)  # it learned something
+    assert type(demo.models.load_model("image", tmp_path / "image.safetensors").model).__name__ == "Flux"
