@@ -288,9 +288,9 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
         measure=settings.method == "measure", record_trace=settings.record_trace,
     )
     if isinstance(policy, NeverSkipPolicy) and settings.method == "magcache":
-        reason = f"no MagCache ratios for this model ({shown.label}); calibrate it with MagCacheCalibrate"
-    else:
-        reason = reason_not_to_skip(settings, guider, schedule)
+        # The run cache takes a policy that cannot skip for threshold 0; here it has no ratios.
+        cache.disabled_reason = f"no MagCache ratios for this model ({shown.label}); calibrate it with MagCacheCalibrate"
+    reason = reason_not_to_skip(settings, guider, schedule)
     if reason is not None:
         cache.disable(reason)
     observer = OBSERVERS.get(settings.calibration_key) if settings.calibration_key else None

@@ -175,3 +175,20 @@ def test_teacache_on_a_model_without_published_coefficients_runs_unscaled_and_sa
     assert run["summary"].startswith("TeaCache (none: unscaled signal): ")
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "stepcache"]
     assert "unscaled signal" in warning and "TeaCacheCalibrate" in warning
+
+
+def test_magcache_settings_without_ratios_sample_uncached_with_the_reason(host):
+    """What the run does if settings reach it without any ratios (ApplyMagCache refuses such a model
+    at the node; settings installed directly, as a library user may, get here)."""
+    import torch
+
+    from harness.sampling import Job, install, stats
+
+    flux = host.test_module("tiny_models").build_model("flux", seed=0)
+    patched, node_id = install(flux, "magcache", threshold=5.0, max_consecutive_skips=10)
+    job = Job("flux")
+    assert torch.equal(job.run(patched), job.run(flux))
+    run = stats(node_id)
+    assert run["method"] == "MagCache" and run["constants"] == "none" and run["calls_skipped"] == 0
+    assert run["disabled_reason"] == ("no MagCache ratios for this model (flux-architecture model (not a published "
+                                      "checkpoint)); calibrate it with MagCacheCalibrate")
