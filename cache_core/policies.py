@@ -198,9 +198,11 @@ class NeverSkipPolicy(CachePolicy):
 
     name = "measure"
 
-    def __init__(self, schedule: RunSchedule, measure_signal: bool = False) -> None:
+    def __init__(self, schedule: RunSchedule, measure_signal: bool = False, name: str | None = None) -> None:
         super().__init__(schedule)
         self.measure_signal = measure_signal
+        if name is not None:  # a cache method that cannot skip this run (its statistics say which)
+            self.name = name
 
     @property
     def can_skip(self) -> bool:

@@ -33,6 +33,9 @@ class RunStats:
     calls_computed: int = 0
     calls_skipped: int = 0
     disabled_reason: str | None = None
+    # Which constants the decisions used and where they came from, e.g. "published FLUX.1-dev
+    # ratios (Zehong-Ma/MagCache)" or "none: unscaled signal"; None for measuring runs.
+    constants: str | None = None
     trace: tuple[dict, ...] = field(default=(), repr=False)
 
     @property
@@ -42,15 +45,16 @@ class RunStats:
         return total / self.calls_computed if self.calls_computed else 1.0
 
     def summary(self) -> str:
+        method = f"{self.method} ({self.constants})" if self.constants else self.method
         if self.disabled_reason:
-            return f"{self.method}: skipping off for this run ({self.disabled_reason}); {self.steps} steps computed"
+            return f"{method}: skipping off for this run ({self.disabled_reason}); {self.steps} steps computed"
         parts = [
             f"{b.branch}: skipped {b.steps_skipped}/{b.steps} steps" + (f" ({b.entries} entries)" if b.entries > 1 else "")
             for b in self.branches
         ]
         calls = self.calls_computed + self.calls_skipped
         return (
-            f"{self.method}: " + ", ".join(parts or ["no model calls"])
+            f"{method}: " + ", ".join(parts or ["no model calls"])
             + f"; block stack ran {self.calls_computed}/{calls} calls ({self.stack_speedup:.2f}x)"
         )
 
@@ -69,5 +73,6 @@ class RunStats:
             "calls_skipped": self.calls_skipped,
             "stack_speedup": round(self.stack_speedup, 4),
             "disabled_reason": self.disabled_reason,
+            "constants": self.constants,
             "summary": self.summary(),
         }

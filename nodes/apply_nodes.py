@@ -21,8 +21,9 @@ CACHE_DEVICE_TOOLTIP = (
     "offload_device: in system memory, copied over when used; for when accelerator memory is short."
 )
 VARIANT_TOOLTIP = (
-    "Which published constants to use. auto tells the variant from the loaded model and the run; "
-    "pick one only for checkpoints that share an architecture (e.g. Wan 2.2 A14B vs Wan 2.1 14B)."
+    "Which published constants to use. auto uses them only where the loaded model has the architecture "
+    "they were measured on (telling e.g. Kontext from dev by the run); pick one for checkpoints that "
+    "share an architecture (Wan 2.2 A14B vs Wan 2.1 14B) or to use a checkpoint's constants for its fine-tune."
 )
 
 
@@ -49,11 +50,12 @@ def check_variant(family: families.Family, variant: str, node: str) -> None:
         )
 
 
-def calibration_for(method: str, node: str, model: object, family: families.Family,
-                    given: object | None) -> Calibration | None:
-    """The calibration to use: the one connected (checked against this model), else a saved one."""
+def calibration_for(method: str, node: str, model: object, family: families.Family, given: object | None,
+                    variant: str = "auto") -> tuple[Calibration | None, str | None]:
+    """The calibration to use: the one connected (checked against this model), else a saved one
+    unless published constants were chosen by name; and what to call it in the statistics."""
     if given is not None and not isinstance(given, Calibration):
-        return None  # a plain table or polynomial, not tied to a model
+        return None, None  # a plain table or polynomial, not tied to a model
     identity = calibration_store.model_identity(model, family, "auto")
     if given is not None:
         if given.method != method:
@@ -62,12 +64,13 @@ def calibration_for(method: str, node: str, model: object, family: families.Fami
         if mismatch:
             raise ValueError(f"{node}: this calibration cannot be used here: {mismatch}. "
                              f"Calibrate this model ({'MagCacheCalibrate' if method == 'magcache' else 'TeaCacheCalibrate'}).")
-        return given
-    saved = calibration_store.find(method, identity)
-    if saved is not None:
-        LOGGER.info("[StepCache] %s: using this model's saved calibration of %s (%d steps)",
-                    node, saved.created, saved.schedule.steps)
-    return saved
+        return given, f"this model's calibration of {given.created}"
+    saved = calibration_store.find(method, identity) if variant == "auto" else None
+    if saved is None:
+        return None, None
+    LOGGER.info("[StepCache] %s: using this model's saved calibration of %s (%d steps)",
+                node, saved.created, saved.schedule.steps)
+    return saved, f"this model's saved calibration of {saved.created}"
 
 
 def window_problem(start_percent: float, end_percent: float) -> str | None:
@@ -135,7 +138,7 @@ class ApplyTeaCache(io.ComfyNode):
         if family is None:
             return io.NodeOutput(model)
         check_variant(family, variant, "ApplyTeaCache")
-        calibration = calibration_for("teacache", "ApplyTeaCache", model, family, coefficients)
+        calibration, source = calibration_for("teacache", "ApplyTeaCache", model, family, coefficients, variant)
         if calibration is not None:
             coefficients = calibration.coefficients
         elif coefficients is not None and not isinstance(coefficients, tuple):
@@ -144,8 +147,8 @@ class ApplyTeaCache(io.ComfyNode):
         settings = CacheSettings(
             method="teacache", family=family.name, variant=variant, threshold=threshold,
             max_consecutive_skips=max_consecutive_skips, start_percent=start_percent,
-            end_percent=end_percent, coefficients=coefficients, cache_device=cache_device,
-            node_id=cls.hidden.unique_id,
+            end_percent=end_percent, coefficients=coefficients, constants_source=source,
+            cache_device=cache_device, node_id=cls.hidden.unique_id,
         )
         return io.NodeOutput(install(model, settings, family))
 
@@ -196,20 +199,23 @@ class ApplyMagCache(io.ComfyNode):
         if family is None:
             return io.NodeOutput(model)
         check_variant(family, variant, "ApplyMagCache")
-        calibration = calibration_for("magcache", "ApplyMagCache", model, family, ratios)
+        calibration, source = calibration_for("magcache", "ApplyMagCache", model, family, ratios, variant)
         if calibration is not None:
             ratios = calibration.mag_ratios()
         elif ratios is not None and not isinstance(ratios, MagRatios):
             raise ValueError("ApplyMagCache: ratios must come from MagCacheCalibrate or MagCacheRatiosFromText, "
                              f"got {type(ratios).__name__}")
-        if ratios is None and not any(v.magcache is not None for v in family.variants):
+        candidates = family.possible_variants(model.model) if variant == "auto" else (family.variant(variant),)
+        if ratios is None and not any(v.magcache is not None for v in candidates):
+            what = family.resolve_variant(model.model, families.RunContext()).label
             raise ValueError(
-                f"ApplyMagCache: no MagCache ratios are published for {family.name} models. Measure them "
-                f"once with MagCacheCalibrate and connect its ratios output here."
+                f"ApplyMagCache: no MagCache ratios are published for this model ({family.name} / {what}). Measure "
+                "them once with MagCacheCalibrate and connect its ratios output here, or, for a fine-tune of a "
+                "published checkpoint, choose that checkpoint with the variant input."
             )
         settings = CacheSettings(
             method="magcache", family=family.name, variant=variant, threshold=threshold,
             max_consecutive_skips=max_consecutive_skips, retention_ratio=retention_ratio,
-            ratios=ratios, cache_device=cache_device, node_id=cls.hidden.unique_id,
+            ratios=ratios, constants_source=source, cache_device=cache_device, node_id=cls.hidden.unique_id,
         )
         return io.NodeOutput(install(model, settings, family))

@@ -67,7 +67,7 @@ def detect_variant(family: families.Family, model: object, positive: list, negat
         latent_shape=tuple(latent_image["samples"].shape), steps=steps,
         has_denoise_mask=latent_image.get("noise_mask") is not None,
     )
-    return family.detect_variant(model.model, context)
+    return family.resolve_variant(model.model, context).name
 
 
 def measure(node: str, method: str, model: object, seed: int, steps: int, cfg: float, sampler_name: str,

@@ -18,6 +18,7 @@ How it plugs in (ComfyUI's public patch points only, nothing of ComfyUI's code c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ class CacheSettings:
     retention_ratio: float = 0.0
     ratios: MagRatios | None = None
     coefficients: tuple[float, ...] | None = None
+    # Where ``ratios`` / ``coefficients`` came from (e.g. "this model's calibration of <date>").
+    constants_source: str | None = None
     cache_device: str = "main_device"
     node_id: str | None = None
     record_trace: bool = False
@@ -77,11 +80,15 @@ OBSERVERS: dict[str, RunObserver] = {}
 class ActiveRun:
     """One sampling run's cache, reachable from every hook through transformer_options."""
 
-    def __init__(self, cache: RunCache, family: families.Family, variant: str,
-                 diffusion_model: torch.nn.Module, use_signal: bool) -> None:
+    def __init__(self, cache: RunCache, family: families.Family, label: str, constants: str | None,
+                 diffusion_model: torch.nn.Module, use_signal: bool, latent_channels: int = 0) -> None:
         self.cache = cache
         self.family = family
-        self.variant = variant
+        # Output space: the model input's leading channels are the latent it predicts for; any after
+        # them are concatenated conditioning (an image to extend, a mask), the same on every step.
+        self.latent_channels = latent_channels
+        self.label = label  # what the model is, e.g. "flux / flux.1-dev"
+        self.constants = constants  # which constants the run uses, and where they came from
         self.diffusion_model = diffusion_model
         self.use_signal = use_signal
         self.call: StackCall = PASSTHROUGH
@@ -98,6 +105,15 @@ class ActiveRun:
         self.call = PASSTHROUGH
         self.diffusion_model = None
         return stats
+
+    def check_reached(self) -> None:
+        """After a finished run: if its steps never reached the hooks (a ComfyUI that hands a
+        model's blocks no transformer_options, e.g. Wan 2.2 S2V before 0.30.0), say so."""
+        cache = self.cache
+        if cache.enabled and cache.schedule.steps and not cache.calls_computed + cache.calls_skipped:
+            reason = "the model's blocks never reached the cache: this ComfyUI passes them no transformer_options"
+            LOGGER.warning("[StepCache] %s: %s; the run was uncached", self.label, reason)
+            cache.disable(reason)
 
     # Block hooks ---------------------------------------------------------------------------
 
@@ -117,9 +133,11 @@ class ActiveRun:
 
     def run_model(self, executor: Any, x: torch.Tensor, options: dict, args: tuple, kwargs: dict) -> torch.Tensor:
         """Output-space caching of the whole diffusion model (families without block hooks).
-        The TeaCache signal is the model input itself."""
+        The TeaCache signal is the model input's latent itself."""
         call = PASSTHROUGH
         if self.cache.enabled:
+            if 0 < self.latent_channels < x.shape[1]:
+                x = x[:, :self.latent_channels]
             call = self._begin(options, x, partial(torch.Tensor.detach, x) if self.use_signal else None)
         if call.skip:
             return call.cached_output
@@ -231,14 +249,16 @@ def outer_sample_wrapper(executor: Any, *args: Any, **kwargs: Any) -> Any:
         return executor(*args, **kwargs)
     options[RUN_KEY] = run
     try:
-        return executor(*args, **kwargs)
+        out = executor(*args, **kwargs)
+        run.check_reached()
+        return out
     finally:
         options.pop(RUN_KEY, None)
         finish_run(settings, run, run.release())
 
 
 def finish_run(settings: CacheSettings, run: ActiveRun, stats: RunStats) -> None:
-    report(settings.node_id, f"{run.family.name} / {run.variant}", stats)
+    report(settings.node_id, run.label, dataclasses.replace(stats, constants=run.constants))
 
 
 def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_image: torch.Tensor,
@@ -257,13 +277,19 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
         conds=getattr(guider, "conds", None), latent_shape=tuple(latent_image.shape),
         steps=schedule.steps, has_denoise_mask=denoise_mask is not None,
     )
-    variant_name = settings.variant if settings.variant != "auto" else family.detect_variant(model, context)
-    variant = family.variant(variant_name)
-    policy = make_policy(settings, schedule, variant, family)
+    detected = family.resolve_variant(model, context)
+    chosen = family.variant(settings.variant) if settings.variant != "auto" else None
+    # The label says what the model is: a chosen variant only where the model has its architecture
+    # (e.g. Wan 2.2 A14B, which cannot be told from Wan 2.1 14B).
+    shown = chosen if chosen is not None and family.has_architecture(model, chosen) else detected
+    policy, constants = make_policy(settings, schedule, chosen or detected, chosen is not None)
     cache = RunCache(
         schedule, policy, cache_device=resolve_cache_device(settings.cache_device),
         measure=settings.method == "measure", record_trace=settings.record_trace,
     )
+    if isinstance(policy, NeverSkipPolicy) and settings.method == "magcache":
+        # The run cache takes a policy that cannot skip for threshold 0; here it has no ratios.
+        cache.disabled_reason = f"no MagCache ratios for this model ({shown.label}); calibrate it with MagCacheCalibrate"
     reason = reason_not_to_skip(settings, guider, schedule)
     if reason is not None:
         cache.disable(reason)
@@ -272,29 +298,38 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
         observer.start(schedule)
         cache.observer = observer
     use_signal = (isinstance(policy, TeaCachePolicy) or observer is not None) and cache.enabled
-    return ActiveRun(cache, family, variant_name, model.diffusion_model, use_signal)
+    label = f"{family.name} / {shown.label}"
+    latent_channels = model.latent_format.latent_channels if family.caches_in_output_space else 0
+    return ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal, latent_channels)
 
 
 def make_policy(settings: CacheSettings, schedule: RunSchedule, variant: families.Variant,
-                family: families.Family) -> CachePolicy:
+                chosen: bool) -> tuple[CachePolicy, str | None]:
+    """The run's policy, and which constants it uses and where they came from. ``variant`` is the
+    detected one, or the one chosen with the node's variant input (``chosen``)."""
+    published = variant.published(settings.method)
+    given = {"teacache": settings.coefficients, "magcache": settings.ratios}.get(settings.method)
+    if given is not None:
+        constants = settings.constants_source or f"connected {families.METHOD_CONSTANTS[settings.method]} input"
+    elif published is not None:
+        constants = variant.describe_published(settings.method) + (", chosen with the variant input" if chosen else "")
+    else:
+        constants = None
     if settings.method == "teacache":
-        published = variant.teacache
-        coefficients = settings.coefficients or (published.values if published else None)
-        if coefficients is None:
-            LOGGER.warning("[StepCache] TeaCache: no published coefficients for %s; using the unscaled "
-                           "signal (calibrate for better results)", variant.name)
-        start = max(settings.start_percent, published.warmup if published and not settings.coefficients else 0.0)
-        return TeaCachePolicy(schedule, settings.threshold, coefficients, start, settings.end_percent,
-                              settings.max_consecutive_skips)
+        if constants is None:
+            constants = "none: unscaled signal"
+            LOGGER.warning("[StepCache] TeaCache: no published coefficients fit this model (%s); it runs on the "
+                           "unscaled signal. Calibrate it with TeaCacheCalibrate for better results.", variant.label)
+        start = max(settings.start_percent, published.warmup if published and given is None else 0.0)
+        return TeaCachePolicy(schedule, settings.threshold, given or (published.values if published else None),
+                              start, settings.end_percent, settings.max_consecutive_skips), constants
     if settings.method == "magcache":
-        ratios = settings.ratios or variant.magcache
+        ratios = given or published
         if ratios is None:
-            LOGGER.warning("[StepCache] MagCache: no ratios for %s; calibrate with MagCacheCalibrate. "
-                           "This run samples uncached.", variant.name)
-            return NeverSkipPolicy(schedule)
+            return NeverSkipPolicy(schedule, name=MagCachePolicy.name), "none"
         return MagCachePolicy(schedule, ratios, settings.threshold, settings.max_consecutive_skips,
-                              settings.retention_ratio)
-    return NeverSkipPolicy(schedule, measure_signal=settings.calibration_key is not None)
+                              settings.retention_ratio), constants
+    return NeverSkipPolicy(schedule, measure_signal=settings.calibration_key is not None), None
 
 
 def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedule) -> str | None:

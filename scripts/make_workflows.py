@@ -676,13 +676,15 @@ def demo_image_magcache() -> Workflow:
     w = Workflow("demo_image_magcache")
     w.groups = {0: "Built-in model, no downloads", 1: "Step cache", 2: "Sample and save"}
     model, positive, negative, latent = _demo_inputs(w, "disc")
-    cache = w.add("ApplyMagCache", 1, model=model.out(), **MAGCACHE_DEFAULTS)
+    cache = w.add("ApplyMagCache", 1, model=model.out(), **{**MAGCACHE_DEFAULTS, "variant": "flux.1-dev"})
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_demo_magcache")
     w.note(f"""
 ## StepCache demo: MagCache on the built-in model
 
-Try the cache with nothing to download. The demo model is detected as FLUX.1, so Apply MagCache
-uses the published FLUX ratios.
+Try the cache with nothing to download. The demo model has FLUX.1's architecture but is no
+published checkpoint, so nothing is published for it; `variant: flux.1-dev` chooses FLUX.1-dev's
+published MagCache ratios by hand (the run reports them as chosen). The calibrate demo measures
+the model's own.
 {DEMO_FILES}
 **Expected speedup**: measured on this model in docs/benchmark.md (its block stack is a small
 share of each step, so wall time gains less than on real models). `./dev demo` runs this graph
@@ -696,13 +698,14 @@ def demo_image_teacache() -> Workflow:
     w.groups = {0: "Built-in model, no downloads", 1: "Step cache", 2: "Sample and save"}
     model, positive, negative, latent = _demo_inputs(w, "disc")
     cache = w.add("ApplyTeaCache", 1, model=model.out(), threshold=0.2, start_percent=0.0, end_percent=1.0,
-                  max_consecutive_skips=3, cache_device="main_device", variant="auto")
+                  max_consecutive_skips=3, cache_device="main_device", variant="flux.1-dev")
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_demo")
     w.note(f"""
 ## StepCache demo: TeaCache on the built-in model
 
-Try the cache with nothing to download. The demo model is detected as FLUX.1, so Apply TeaCache
-uses the published FLUX polynomial.
+Try the cache with nothing to download. The demo model has FLUX.1's architecture but is no
+published checkpoint; `variant: flux.1-dev` chooses FLUX.1-dev's published TeaCache polynomial by
+hand (with `auto` it would run on the unscaled signal, which needs a smaller threshold).
 {DEMO_FILES}
 **Expected speedup**: measured on this model in docs/benchmark.md.
 {TUNING_TEACACHE}""")

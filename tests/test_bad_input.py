@@ -62,8 +62,9 @@ def apply_node(class_type: str, **extra: object) -> dict:
     widgets = {
         "ApplyTeaCache": {"threshold": 0.4, "start_percent": 0.0, "end_percent": 1.0, "max_consecutive_skips": 3,
                           "cache_device": "main_device", "variant": "auto"},
+        # The tiny model is no published checkpoint: FLUX.1-dev's ratios, chosen by name.
         "ApplyMagCache": {"threshold": 0.06, "max_consecutive_skips": 2, "retention_ratio": 0.2,
-                          "cache_device": "main_device", "variant": "auto"},
+                          "cache_device": "main_device", "variant": "flux.1-dev"},
     }[class_type]
     return {"class_type": class_type, "inputs": {"model": ["model", 0], **widgets, **extra}}
 

@@ -48,6 +48,7 @@ def test_measured_ratios_drive_applymagcache_at_any_step_count(host, flux):
         Job("flux", steps=steps).run(patched)
         run = stats(node_id)
         assert run["disabled_reason"] is None and run["steps"] == steps
+        assert run["constants"] == f"this model's calibration of {calibration.created}"
         assert all(len(b["pattern"]) == steps for b in run["branches"])
 
 
@@ -90,6 +91,12 @@ def test_a_saved_calibration_is_found_again_for_the_same_model(host, flux, caplo
     assert any("saved calibration" in r.getMessage() for r in caplog.records)
     Job("flux", steps=14).run(patched)
     assert stats(node_id)["disabled_reason"] is None
+    assert stats(node_id)["constants"] == f"this model's saved calibration of {calibration.created}"
+    # Published constants chosen by name are used as chosen, not the saved calibration.
+    chosen, node_id = apply(flux.clone(), "magcache", threshold=0.3, variant="flux.1-dev")
+    Job("flux", steps=14).run(chosen)
+    assert stats(node_id)["constants"] == ("published FLUX.1-dev ratios (Zehong-Ma/MagCache), "
+                                           "chosen with the variant input")
     # Other weights do not.
     other = host.test_module("tiny_models").build_model("flux", seed=12)
     assert store.find("magcache", store.model_identity(other, calibration_family(host, other), "auto")) is None
@@ -100,7 +107,7 @@ def calibration_family(host, model):
 
 
 def test_a_corrupt_saved_calibration_is_ignored_with_a_warning(host, caplog):
-    from harness.sampling import Job, apply, stats
+    from harness.sampling import Job, apply
 
     model = host.test_module("tiny_models").build_model("flux", seed=13)
     store = host.pack_module("nodes.calibration_store")
@@ -109,11 +116,11 @@ def test_a_corrupt_saved_calibration_is_ignored_with_a_warning(host, caplog):
     data = json.loads(path.read_text())
     data["measures"][3]["magnitude_ratio"] = float("nan")
     path.write_text(json.dumps(data))
-    with caplog.at_level(logging.WARNING, logger="stepcache"):
-        patched, node_id = apply(model, "magcache", threshold=0.06)
+    # Ignored: the tiny model, no published checkpoint, then has no ratios at all.
+    with caplog.at_level(logging.WARNING, logger="stepcache"), \
+            pytest.raises(ValueError, match="no MagCache ratios are published for this model"):
+        apply(model, "magcache", threshold=0.06)
     assert any("ignoring the saved calibration" in r.getMessage() for r in caplog.records)
-    Job("flux").run(patched)
-    assert stats(node_id)["label"] == "flux / flux.1-dev"  # the published FLUX table instead
 
 
 def test_a_calibration_of_another_model_is_refused_with_the_reason(host, flux):

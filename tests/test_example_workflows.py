@@ -41,6 +41,15 @@ TINY_FAMILY = {
     "hunyuan_video_magcache": "hunyuan_video",
     "qwen_image_magcache": "qwen_image",
 }
+# The variant auto detects for each workflow's real checkpoint at the workflow's size. A tiny
+# stand-in is no published checkpoint (auto gives it no published constants), so its graph names
+# that variant, as a user would for a fine-tune.
+REAL_VARIANT = {
+    "flux1_dev_magcache": "flux.1-dev",
+    "wan21_t2v_magcache": "wan2.1-t2v-1.3b",
+    "hunyuan_video_magcache": "hunyuanvideo-544p",  # 848 x 480: the 544p table
+    "qwen_image_magcache": "qwen-image",
+}
 # The demo graphs need no downloads and run unchanged in tests/test_server.py.
 DEMO_PREFIX = "demo_"
 # Pixels per latent cell of each empty-latent node, to ask it for the tiny model's latent size.
@@ -321,6 +330,9 @@ def test_api_workflow_runs_on_the_server_with_tiny_models(path, server, host):
     assert not {node["class_type"] for node in graph.values()} & (FILE_LOADERS | DECODERS | {"CLIPTextEncode"})
     cache_ids = {node_id for node_id, node in graph.items() if node["class_type"] in CACHE_NODES}
     assert cache_ids == {i for i, n in original.items() if n["class_type"] in CACHE_NODES}, "the user's cache nodes"
+    for node_id in cache_ids:
+        if graph[node_id]["inputs"].get("variant") == "auto" and path.stem in REAL_VARIANT:
+            graph[node_id]["inputs"]["variant"] = REAL_VARIANT[path.stem]
 
     prompt_id = server.queue(graph)
     entry = server.wait(prompt_id, timeout=120)
@@ -340,5 +352,7 @@ def test_api_workflow_runs_on_the_server_with_tiny_models(path, server, host):
             # With published ratios MagCache skips by the table, whatever the weights. (Ratios
             # calibrated on a random tiny model may allow no skip at the workflow's threshold.)
             assert run["calls_skipped"] > 0, run
+            assert run["constants"].startswith("published ") and run["constants"].endswith(
+                ", chosen with the variant input"), run
     if any(node["class_type"] == "MagCacheCalibrate" for node in graph.values()):
         assert [run["method"] for run in runs].count("measure") == 1

@@ -219,8 +219,8 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
         "## Settings",
         "",
         f"- **Model**: the reference image model, `demo.models.load_model(\"image\")` ({meta['model']}), detected "
-        "by the pack as flux / flux.1-schnell, so *published* means the FLUX.1 TeaCache polynomial and MagCache "
-        "ratio table (node variant `auto`).",
+        "by the pack as a flux-architecture model (not a published checkpoint); *published* means FLUX.1-dev's "
+        "TeaCache polynomial and MagCache ratio table, chosen with the Apply nodes' variant input (`flux.1-dev`).",
         f"- **Sampler settings**: {', '.join(s['setting']['name'] + ' (' + s['setting']['scheduler'] + ')' for s in data['settings'])}; "
         "negative = the model's null embedding (real cond + uncond model calls, batched by ComfyUI).",
         f"- **Evaluation**: classes {plan['classes']} x seeds {plan['seeds']}, batch {plan['batch']} "

@@ -29,6 +29,8 @@ from .configs import Config, Pair, Plan, SamplerSetting
 KIND = "image"
 COPY_WRAPPER_KEY = "stepbench-bf16-cast-copy"
 PROBE_WRAPPER_KEY = "stepbench-memory-probe"
+# The "published" rows: the FLUX.1 tables, which the pack gives the reference model only by name.
+PUBLISHED_VARIANT = "flux.1-dev"
 NATIVE_START, NATIVE_END = 0.15, 0.95  # the native nodes' defaults
 LOGGER = logging.getLogger("stepbench")
 
@@ -233,6 +235,8 @@ class Bench:
                 inputs["retention_ratio"] = config.retention
             if config.constants == "calibrated":
                 inputs["ratios" if config.method == "magcache" else "coefficients"] = calibrations[config.method]
+            else:  # the reference model is no published checkpoint: FLUX.1-dev's constants, chosen by name
+                inputs["variant"] = PUBLISHED_VARIANT
             patched, node_id = harness_sampling.apply(model, config.method, **inputs)
             settings = self.runtime.installed_settings(patched)
             uses_own = settings.ratios is not None or settings.coefficients is not None
