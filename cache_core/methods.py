@@ -34,8 +34,12 @@ class PublishedConstants(Protocol):
     """A model variant's published constants (families.Variant)."""
 
     name: str
+    label: str
     teacache: Any  # .values (poly1d coefficients) and .warmup, or None
     magcache: MagRatios | None
+
+    def describe_published(self, method: str) -> str | None:
+        """E.g. "published FLUX.1-dev ratios (Zehong-Ma/MagCache)"; None when there are none."""
 
 
 class CalibrationError(ValueError):
@@ -48,6 +52,8 @@ class MethodConfig(ABC):
     separate_branches: bool = False
     check: str | None = None
     check_tolerance: float = 0.1
+    # Where connected constants (a calibration, a typed-in table) came from, for the statistics.
+    constants_source: str | None = None
 
     # The tag of this method's calibrations (saved files, the MAG_RATIOS / TEACACHE_COEFFICIENTS
     # sockets), its name in logs, and the node that calibrates it; None where it has none.
@@ -66,9 +72,23 @@ class MethodConfig(ABC):
         """False when no run with these settings can skip (threshold 0)."""
         return True
 
-    def with_calibration(self, calibration: Any) -> MethodConfig:
-        """These settings using a calibration of this model (``calibration.Calibration``)."""
+    def with_calibration(self, calibration: Any, source: str | None = None) -> MethodConfig:
+        """These settings using a calibration of this model (``calibration.Calibration``), described
+        in the statistics as ``source``."""
         raise CalibrationError(f"{self.display_name} takes no calibration")
+
+    def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str | None:
+        """Which constants a run with ``variant``'s published ones uses, and where they came from;
+        ``chosen``: the variant was named with the node's variant input. None for measuring runs."""
+        return None
+
+    def _describe(self, given: object | None, variant: PublishedConstants, chosen: bool, kind: str) -> str | None:
+        if given is not None:
+            return self.constants_source or f"connected {kind} input"
+        published = variant.describe_published(self.calibration_method)
+        if published is None:
+            return None
+        return published + (", chosen with the variant input" if chosen else "")
 
     @classmethod
     def fitted(cls, measures: Sequence[Any]) -> dict:
@@ -100,14 +120,17 @@ class TeaCacheConfig(MethodConfig):
         published = constants.teacache
         coefficients = self.coefficients or (published.values if published else None)
         if coefficients is None:
-            LOGGER.warning("[StepCache] TeaCache: no published coefficients for %s; using the unscaled "
-                           "signal (calibrate for better results)", constants.name)
+            LOGGER.warning("[StepCache] TeaCache: no published coefficients fit this model (%s); it runs on the "
+                           "unscaled signal. Calibrate it with TeaCacheCalibrate for better results.", constants.label)
         start = max(self.start_percent, published.warmup if published and not self.coefficients else 0.0)
         return TeaCachePolicy(schedule, self.threshold, coefficients, start, self.end_percent,
                               self.max_consecutive_skips, estimator=self.estimator.build())
 
-    def with_calibration(self, calibration: Any) -> TeaCacheConfig:
-        return replace(self, coefficients=calibration.coefficients)
+    def with_calibration(self, calibration: Any, source: str | None = None) -> TeaCacheConfig:
+        return replace(self, coefficients=calibration.coefficients, constants_source=source)
+
+    def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
+        return self._describe(self.coefficients, variant, chosen, "coefficients") or "none: unscaled signal"
 
     @classmethod
     def fitted(cls, measures: Sequence[Any]) -> dict:
@@ -147,12 +170,15 @@ class MagCacheConfig(MethodConfig):
         ratios = self.ratios or constants.magcache
         if ratios is None:
             return NeverSkipPolicy(schedule, name=MagCachePolicy.name, reason=(
-                f"no MagCache ratios for {constants.name}; calibrate with MagCacheCalibrate"))
+                f"no MagCache ratios for this model ({constants.label}); calibrate it with MagCacheCalibrate"))
         return MagCachePolicy(schedule, ratios, self.threshold, self.max_consecutive_skips, self.retention_ratio,
                               estimator=self.estimator.build())
 
-    def with_calibration(self, calibration: Any) -> MagCacheConfig:
-        return replace(self, ratios=calibration.mag_ratios())
+    def with_calibration(self, calibration: Any, source: str | None = None) -> MagCacheConfig:
+        return replace(self, ratios=calibration.mag_ratios(), constants_source=source)
+
+    def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
+        return self._describe(self.ratios, variant, chosen, "ratios") or "none"
 
 
 @dataclass(frozen=True, kw_only=True)

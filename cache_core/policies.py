@@ -319,7 +319,7 @@ class NeverSkipPolicy(CachePolicy):
         super().__init__(schedule)
         self.uses_signal = measure_signal
         self.never_skips_because = reason
-        if name is not None:
+        if name is not None:  # a cache method that cannot skip this run (its statistics say which)
             self.name = name
 
     @property

@@ -44,6 +44,9 @@ class RunStats:
     refused: int = 0  # decisions to skip that the check turned into computing
     estimator: str = "reuse"
     disabled_reason: str | None = None
+    # Which constants the decisions used and where they came from, e.g. "published FLUX.1-dev
+    # ratios (Zehong-Ma/MagCache)" or "none: unscaled signal"; None for measuring runs.
+    constants: str | None = None
     trace: tuple[dict, ...] = field(default=(), repr=False)
 
     @property
@@ -61,15 +64,17 @@ class RunStats:
         return total / work if work else 1.0
 
     def summary(self) -> str:
+        method = self.method if self.estimator == "reuse" else f"{self.method} + {self.estimator}"
+        if self.constants:
+            method += f" ({self.constants})"
         if self.disabled_reason:
-            return f"{self.method}: skipping off for this run ({self.disabled_reason}); {self.steps} steps computed"
+            return f"{method}: skipping off for this run ({self.disabled_reason}); {self.steps} steps computed"
         parts = [
             f"{b.branch}: skipped {b.steps_skipped}/{b.steps} steps" + (f" ({b.entries} entries)" if b.entries > 1 else "")
             for b in self.branches
         ]
         calls = self.calls_computed + self.calls_skipped
         rows = self.rows_computed + self.rows_skipped
-        method = self.method if self.estimator == "reuse" else f"{self.method} + {self.estimator}"
         checked = (f", {self.rows_checked} checked by the first block (+{self.head_cost:.2g} row each)"
                    if self.rows_checked else "")
         if self.check:
@@ -103,5 +108,6 @@ class RunStats:
             "stack_speedup": round(self.stack_speedup, 4),
             "row_speedup": round(self.row_speedup, 4),
             "disabled_reason": self.disabled_reason,
+            "constants": self.constants,
             "summary": self.summary(),
         }

@@ -2,13 +2,16 @@
 
 A family module (one per family, beside this file) declares:
 
-- which ``comfy.model_base`` classes it covers (matched by class name, most derived first);
+- which ``comfy.model_base`` classes it covers (matched by the model's exact class name);
 - its block stack as ComfyUI exposes it to ``patches_replace["dit"]``: the block keys in execution
   order, and for single-stream blocks whether the stream is ``txt_img`` or ``img_txt``;
   a family with no block keys is cached in output space through the DIFFUSION_MODEL wrapper;
 - the TeaCache signal: the first block's modulated input (or what the published coefficients
   were fitted on), computed from the head block's arguments;
-- its variants and their published constants, and how to tell the variant from the model.
+- its variants: the checkpoints it knows, their published constants, and the class and shape
+  (``Architecture``) those constants were measured on. A model gets published constants only when
+  it has that class and shape; any other model of the family is the family's generic variant,
+  which has none (TeaCache then runs on the unscaled signal, MagCache needs a calibration).
 
 Nothing here runs per block except ``teacache_signal``, once per call at the head.
 """
@@ -23,6 +26,7 @@ import torch
 from ..cache_core.ratios import MagRatios
 
 BlockKey = tuple[str, int]
+METHOD_CONSTANTS = {"teacache": "coefficients", "magcache": "ratios"}
 
 
 @dataclass(frozen=True)
@@ -37,14 +41,58 @@ class TeaCacheCoefficients:
 
 
 @dataclass(frozen=True)
+class Architecture:
+    """The ComfyUI model class and the shape of a published checkpoint: what its constants fit.
+
+    ``shape`` holds the entries of the family's ``shape()`` that must be equal (widths, depths,
+    input channels, embeddings present).
+    """
+
+    model_class: str
+    shape: Mapping[str, object]
+
+    def matches(self, model_class: str, shape: Mapping[str, object]) -> bool:
+        return model_class == self.model_class and all(shape.get(k) == v for k, v in self.shape.items())
+
+
+@dataclass(frozen=True)
 class Variant:
-    """One checkpoint kind of a family and its published constants (None: none published)."""
+    """One kind of model of a family: a published checkpoint (with the constants published for it,
+    if any), or the family's generic variant for models that are none of them.
+
+    ``name`` is what the Apply nodes' ``variant`` input and the statistics' label show;
+    ``description`` replaces it in the label where the name alone would not say what the model is.
+    """
 
     name: str
+    checkpoint: str = ""  # the published checkpoint, as its constants' sources name it
+    architecture: Architecture | None = None
     teacache: TeaCacheCoefficients | None = None
     magcache: MagRatios | None = None
-    teacache_threshold: float | None = None  # published recommendation, shown in the log
-    magcache_threshold: float | None = None
+    description: str = ""
+    # Never detected: its architecture is another variant's too (Wan 2.2 A14B and Wan 2.1 14B),
+    # so only the variant input names it.
+    by_name_only: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.teacache or self.magcache) and (self.architecture is None or not self.checkpoint):
+            raise ValueError(f"variant {self.name}: published constants need the checkpoint and the "
+                             "architecture they were measured on")
+
+    @property
+    def label(self) -> str:
+        return self.description or self.name
+
+    def published(self, method: str) -> TeaCacheCoefficients | MagRatios | None:
+        return {"teacache": self.teacache, "magcache": self.magcache}.get(method)
+
+    def describe_published(self, method: str) -> str | None:
+        """E.g. "published FLUX.1-dev ratios (Zehong-Ma/MagCache)"; None when there are none."""
+        constants = self.published(method)
+        if constants is None:
+            return None
+        repository = constants.source.split("@", 1)[0]
+        return f"published {self.checkpoint} {METHOD_CONSTANTS[method]} ({repository})"
 
 
 @dataclass(frozen=True)
@@ -67,11 +115,18 @@ class Family:
     variants: tuple[Variant, ...] = ()
     # Layout of the single-block stream, when the family has single blocks.
     single_stream: str | None = None
-    notes: str = ""
+    # Model classes that are one kind of checkpoint of their own, by class name -> variant name.
+    class_variants: Mapping[str, str] = field(default_factory=dict)
+    # What the generic variant calls the family's architecture, e.g. "flux-architecture model".
+    architecture_name: str = ""
+    generic: Variant = field(init=False, repr=False, compare=False)
     _variants_by_name: dict[str, Variant] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_variants_by_name", {v.name: v for v in self.variants})
+        generic = Variant(f"{self.name}-architecture", description=(
+            f"{self.architecture_name or self.name + '-architecture model'} (not a published checkpoint)"))
+        object.__setattr__(self, "generic", generic)
+        object.__setattr__(self, "_variants_by_name", {v.name: v for v in (*self.variants, generic)})
 
     def variant(self, name: str) -> Variant:
         return self._variants_by_name[name]
@@ -80,12 +135,35 @@ class Family:
     def variant_names(self) -> tuple[str, ...]:
         return tuple(self._variants_by_name)
 
+    def resolve_variant(self, model: torch.nn.Module, run: RunContext) -> Variant:
+        """What ``model`` (ComfyUI's BaseModel) is: the detected variant where the model has the
+        class and shape that variant's constants were measured on, else the generic variant."""
+        variant = self.variant(self.detect_variant(model, run))
+        if variant.architecture is None or self.has_architecture(model, variant):
+            return variant
+        return self.generic
+
+    def has_architecture(self, model: torch.nn.Module, variant: Variant) -> bool:
+        architecture = variant.architecture
+        return architecture is not None and architecture.matches(type(model).__name__, self.shape(model.diffusion_model))
+
+    def possible_variants(self, model: torch.nn.Module) -> tuple[Variant, ...]:
+        """The variants ``model`` may be detected as in some run (its class and shape fit them)."""
+        fitting = [v for v in self.variants
+                   if not v.by_name_only and (v.architecture is None or self.has_architecture(model, v))]
+        return (*fitting, self.generic)
+
     # Overridden per family ---------------------------------------------------------------
 
     def detect_variant(self, model: torch.nn.Module, run: RunContext) -> str:
-        """The variant of a loaded model (``model`` is ComfyUI's BaseModel); ``run`` adds what the
-        sampling run shows, e.g. a reference latent tells FLUX Kontext from dev."""
-        return self.variants[0].name
+        """The variant a loaded model would be (``model`` is ComfyUI's BaseModel); ``run`` adds
+        what the sampling run shows, e.g. a reference latent tells FLUX Kontext from dev.
+        ``resolve_variant`` then checks the model's class and shape against it."""
+        return self.class_variants.get(type(model).__name__, self.variants[0].name if self.variants else self.generic.name)
+
+    def shape(self, diffusion_model: torch.nn.Module) -> dict[str, object]:
+        """Widths, depths and inputs of a model, to compare with published architectures."""
+        return {}
 
     def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
         """The ``patches_replace["dit"]`` keys of the block stack, in execution order."""
@@ -104,3 +182,22 @@ class Family:
 def modulate(normalized: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """adaLN modulation, (1 + scale) * x + shift: the common form of the TeaCache signal."""
     return torch.addcmul(shift, normalized, 1 + scale)
+
+
+def in_features(module: torch.nn.Module | None) -> int | None:
+    """Input width of a Linear (or the first Linear inside ``module``), None without one."""
+    if module is None:
+        return None
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.Linear):
+            return layer.in_features
+        if isinstance(layer, torch.nn.modules.conv._ConvNd):
+            return layer.in_channels
+    return None
+
+
+def image_tokens(args: dict) -> int:
+    """Tokens of the sampled image in a stream that ends with reference-image tokens (ComfyUI
+    records their counts in transformer_options["reference_image_num_tokens"])."""
+    references = args["transformer_options"].get("reference_image_num_tokens") or ()
+    return args["img"].shape[1] - sum(references)

@@ -2,7 +2,9 @@
 
 Flux's block layout (single stream = cat(txt, img)); ``vec`` carries each block's own modulations.
 Chroma can be told to skip some blocks (``skip_mmdit``/``skip_dit``): those get no hook call, so
-they are left out of the stack here.
+they are left out of the stack here. MagCache ratios are published for Chroma (latent space, the
+FLUX.1-schnell shape: 19 + 38 blocks of width 3072); no TeaCache coefficients, and nothing for
+Chroma Radiance (pixel space).
 """
 
 from __future__ import annotations
@@ -10,11 +12,20 @@ from __future__ import annotations
 import torch
 
 from . import published_magcache as magcache
-from .base import BlockKey, Family, Variant
+from .base import Architecture, BlockKey, Family, Variant, in_features
 from .flux import double_block_modulated_input
 
 
 class ChromaFamily(Family):
+    def shape(self, diffusion_model: torch.nn.Module) -> dict[str, object]:
+        return {
+            "width": diffusion_model.hidden_size,
+            "double_blocks": len(diffusion_model.double_blocks),
+            "single_blocks": len(diffusion_model.single_blocks),
+            "in_channels": diffusion_model.in_channels,
+            "context_in": in_features(diffusion_model.txt_in),
+        }
+
     def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
         skip_double = set(getattr(diffusion_model, "skip_mmdit", ()))
         skip_single = set(getattr(diffusion_model, "skip_dit", ()))
@@ -26,10 +37,16 @@ class ChromaFamily(Family):
         return double_block_modulated_input(diffusion_model.double_blocks[0], args)
 
 
+CHROMA_SHAPE = {"width": 3072, "double_blocks": 19, "single_blocks": 38, "in_channels": 64, "context_in": 4096}
+
 CHROMA = ChromaFamily(
     name="chroma",
     model_classes=("Chroma", "ChromaRadiance"),
     single_stream="txt_img",
-    variants=(Variant("chroma", magcache=magcache.CHROMA),),
-    notes="No published TeaCache coefficients for Chroma.",
+    variants=(
+        Variant("chroma", "Chroma", Architecture("Chroma", CHROMA_SHAPE), magcache=magcache.CHROMA),
+        Variant("chroma-radiance", "Chroma Radiance"),
+    ),
+    class_variants={"ChromaRadiance": "chroma-radiance"},
+    architecture_name="chroma-architecture model",
 )

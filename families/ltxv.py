@@ -2,6 +2,10 @@
 
 Blocks: ``transformer_blocks`` as ``double_block`` keys (single stream with cross-attention),
 updated in place. ``vec`` is the adaLN timestep embedding, per token when a noise mask is set.
+
+TeaCache coefficients are published for LTX-Video 0.9.1 (the 2B shape: 28 blocks of width 2048,
+which the later 2B releases share); no MagCache ratios. LTX-2 (audio and video, LTXAV) is not
+supported: its blocks carry a (video, audio) pair of streams.
 """
 
 from __future__ import annotations
@@ -10,10 +14,14 @@ import torch
 from comfy.ldm.common_dit import rms_norm
 
 from . import published_teacache as teacache
-from .base import BlockKey, Family, Variant, modulate
+from .base import Architecture, BlockKey, Family, Variant, in_features, modulate
 
 
 class LTXVFamily(Family):
+    def shape(self, diffusion_model: torch.nn.Module) -> dict[str, object]:
+        return {"width": diffusion_model.inner_dim, "blocks": len(diffusion_model.transformer_blocks),
+                "in_channels": in_features(diffusion_model.patchify_proj)}
+
     def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
         return [("double_block", i) for i in range(len(diffusion_model.transformer_blocks))]
 
@@ -28,6 +36,7 @@ class LTXVFamily(Family):
 LTXV = LTXVFamily(
     name="ltxv",
     model_classes=("LTXV",),
-    variants=(Variant("ltx-video", teacache=teacache.LTXV),),
-    notes="No published MagCache ratios for LTX-Video.",
+    variants=(Variant("ltx-video", "LTX-Video 0.9.1", Architecture("LTXV", {"width": 2048, "blocks": 28, "in_channels": 128}),
+                      teacache=teacache.LTXV),),
+    architecture_name="ltx-video-architecture model",
 )

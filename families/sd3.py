@@ -2,7 +2,7 @@
 
 Blocks: ``joint_blocks`` as ``double_block`` keys (img, txt in; new tensors out; the last block
 returns txt = None). MMDiT has no DIFFUSION_MODEL wrapper; the block hooks and the OUTER_SAMPLE
-wrapper are all the cache needs.
+wrapper are all the cache needs. No TeaCache or MagCache constants are published for SD3/SD3.5.
 """
 
 from __future__ import annotations
@@ -25,9 +25,4 @@ class SD3Family(Family):
         return modulate(x_block.norm1(img), shift.unsqueeze(1), scale.unsqueeze(1))
 
 
-SD3 = SD3Family(
-    name="sd3",
-    model_classes=("SD3",),
-    variants=(Variant("sd3"),),
-    notes="No published TeaCache or MagCache constants for SD3/SD3.5.",
-)
+SD3 = SD3Family(name="sd3", model_classes=("SD3",), variants=(Variant("sd3", "SD3"),))

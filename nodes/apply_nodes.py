@@ -19,7 +19,7 @@ from ..cache_core.estimators import MAX_ORDER
 from . import calibration_store
 from .runtime import CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
-from .validation import ValidatedNode
+from .validation import Choice, check_related, finite_range
 
 LOGGER = logging.getLogger("stepcache")
 
@@ -28,8 +28,9 @@ CACHE_DEVICE_TOOLTIP = (
     "offload_device: in system memory, copied over when used; for when accelerator memory is short."
 )
 VARIANT_TOOLTIP = (
-    "Which published constants to use. auto tells the variant from the loaded model and the run; "
-    "pick one only for checkpoints that share an architecture (e.g. Wan 2.2 A14B vs Wan 2.1 14B)."
+    "Which published constants to use. auto uses them only where the loaded model has the architecture "
+    "they were measured on (telling e.g. Kontext from dev by the run); pick one for checkpoints that "
+    "share an architecture (Wan 2.2 A14B vs Wan 2.1 14B) or to use a checkpoint's constants for its fine-tune."
 )
 
 
@@ -41,7 +42,7 @@ CHECK_OPTIONS = ["off", "hindsight", "first_block"]
 def estimator_inputs() -> list:
     """The optional inputs both Apply nodes share, after their own."""
     return [
-        io.Combo.Input(
+        Choice(
             "estimator", options=ESTIMATOR_OPTIONS, default="reuse", optional=True,
             tooltip="What a skipped step uses in place of the block stack's output. reuse: the last computed "
             "step's residual (the published methods). forecast: extrapolates the residual in model time "
@@ -51,11 +52,12 @@ def estimator_inputs() -> list:
         ),
         io.Int.Input("forecast_order", default=1, min=1, max=MAX_ORDER, optional=True,
                      tooltip="estimator forecast: 1 continues a straight line through the last two computed "
-                     "steps, 2 a parabola through the last three (one more residual kept per CFG branch)."),
-        io.Float.Input("forecast_damping", default=0.5, min=0.0, max=1.0, step=0.05, optional=True,
+                     "steps, 2 a parabola through the last three (one more residual kept per CFG branch). "
+                     "damped_forecast is always first order."),
+        io.Float.Input("forecast_damping", default=0.5, **finite_range(0.0, 1.0), step=0.05, optional=True,
                        tooltip="estimator damped_forecast: how fast the forecast's step shrinks as the gap "
                        "grows. 0 is the plain first-order forecast, 1 is reuse."),
-        io.Combo.Input(
+        Choice(
             "cfg_branches", options=CFG_BRANCH_OPTIONS, default="together", optional=True,
             tooltip="together: cond and uncond (batched by ComfyUI) skip only when both may. separate: when "
             "one may skip and the other must compute, they run as separate calls and only the one that "
@@ -63,7 +65,7 @@ def estimator_inputs() -> list:
             "scale multiplies the error of a branch skipped alone, so at high cfg this can cost more than "
             "it saves.",
         ),
-        io.Combo.Input(
+        Choice(
             "check", options=CHECK_OPTIONS, default="off", optional=True,
             tooltip="A check against real computation that can refuse a skip the rule allows. hindsight: "
             "every computed step measures what the estimator would have got wrong there (free); a branch "
@@ -73,7 +75,7 @@ def estimator_inputs() -> list:
             "it skips only if they agree within check_tolerance (costs one block per skipped step; not "
             "available where a model family has no block hooks).",
         ),
-        io.Float.Input("check_tolerance", default=0.1, min=0.0, max=10.0, step=0.005, optional=True,
+        io.Float.Input("check_tolerance", default=0.1, **finite_range(0.0, 10.0), step=0.005, optional=True,
                        tooltip="check: the largest relative error (mean absolute error over mean absolute "
                        "value of the residual) at which a skip goes ahead. Lower is more faithful and slower."),
     ]
@@ -88,13 +90,6 @@ def shared_settings(estimator: str, forecast_order: int, forecast_damping: float
         "check": None if check == "off" else check,
         "check_tolerance": check_tolerance,
     }
-
-
-def check_shared_inputs(estimator: str = "reuse", forecast_order: int = 1, **_: object) -> str | None:
-    if estimator == "damped_forecast" and forecast_order != 1:
-        return ("forecast_order applies to estimator forecast; damped_forecast is first order "
-                f"(set forecast_order to 1, not {forecast_order})")
-    return None
 
 
 def variant_options(kind: str) -> list[str]:
@@ -120,11 +115,12 @@ def check_variant(family: families.Family, variant: str, node: str) -> None:
         )
 
 
-def calibration_for(config: MethodConfig, node: str, model: object, family: families.Family,
-                    given: object | None) -> Calibration | None:
-    """The calibration to use: the one connected (checked against this model), else a saved one."""
+def calibration_for(config: MethodConfig, node: str, model: object, family: families.Family, given: object | None,
+                    variant: str = "auto") -> tuple[Calibration | None, str | None]:
+    """The calibration to use: the one connected (checked against this model), else a saved one
+    unless published constants were chosen by name; and what to call it in the statistics."""
     if given is not None and not isinstance(given, Calibration):
-        return None  # a plain table or polynomial, not tied to a model
+        return None, None  # a plain table or polynomial, not tied to a model
     method = config.calibration_method
     identity = calibration_store.model_identity(model, family, "auto")
     if given is not None:
@@ -134,15 +130,22 @@ def calibration_for(config: MethodConfig, node: str, model: object, family: fami
         if mismatch:
             raise ValueError(f"{node}: this calibration cannot be used here: {mismatch}. "
                              f"Calibrate this model ({config.calibrate_node}).")
-        return given
-    saved = calibration_store.find(method, identity)
-    if saved is not None:
-        LOGGER.info("[StepCache] %s: using this model's saved calibration of %s (%d steps)",
-                    node, saved.created, saved.schedule.steps)
-    return saved
+        return given, f"this model's calibration of {given.created}"
+    saved = calibration_store.find(method, identity) if variant == "auto" else None
+    if saved is None:
+        return None, None
+    LOGGER.info("[StepCache] %s: using this model's saved calibration of %s (%d steps)",
+                node, saved.created, saved.schedule.steps)
+    return saved, f"this model's saved calibration of {saved.created}"
 
 
-class ApplyTeaCache(ValidatedNode):
+def window_problem(start_percent: float, end_percent: float) -> str | None:
+    if not start_percent < end_percent:
+        return f"start_percent ({start_percent}) must be below end_percent ({end_percent})"
+    return None
+
+
+class ApplyTeaCache(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -157,21 +160,21 @@ class ApplyTeaCache(ValidatedNode):
             inputs=[
                 io.Model.Input("model", tooltip="The diffusion model to cache (place after LoRAs, before the sampler)."),
                 io.Float.Input(
-                    "threshold", default=0.4, min=0.0, max=10.0, step=0.01,
+                    "threshold", default=0.4, **finite_range(0.0, 10.0), step=0.01,
                     tooltip="Accumulated (rescaled) change below which a step is skipped. 0 never skips. "
                     "Published settings: FLUX 0.4 (about 1.8x) to 0.8 (2.25x); Wan 2.1 and others need "
                     "far smaller values (0.05-0.2). Higher is faster and less faithful.",
                 ),
-                io.Float.Input("start_percent", default=0.0, min=0.0, max=1.0, step=0.01,
+                io.Float.Input("start_percent", default=0.0, **finite_range(0.0, 1.0), step=0.01,
                                tooltip="Skipping starts at this point of the denoising (model time)."),
-                io.Float.Input("end_percent", default=1.0, min=0.0, max=1.0, step=0.01,
+                io.Float.Input("end_percent", default=1.0, **finite_range(0.0, 1.0), step=0.01,
                                tooltip="Skipping stops at this point of the denoising (model time)."),
                 io.Int.Input("max_consecutive_skips", default=3, min=1, max=100,
                              tooltip="At most this many steps in a row reuse the cache."),
-                io.Combo.Input("cache_device", options=["main_device", "offload_device"],
-                               default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
-                io.Combo.Input("variant", options=variant_options("teacache"), default="auto",
-                               tooltip=VARIANT_TOOLTIP, optional=True),
+                Choice("cache_device", options=["main_device", "offload_device"],
+                       default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
+                Choice("variant", options=variant_options("teacache"), default="auto",
+                       tooltip=VARIANT_TOOLTIP, optional=True),
                 TeaCacheCoefficientsType.Input(
                     "coefficients", optional=True,
                     tooltip="A polynomial from TeaCacheCalibrate (or typed in); overrides the published one. "
@@ -187,10 +190,9 @@ class ApplyTeaCache(ValidatedNode):
         )
 
     @classmethod
-    def check_inputs(cls, start_percent: float = 0.0, end_percent: float = 1.0, **values: object) -> str | None:
-        if start_percent >= end_percent:
-            return f"start_percent ({start_percent}) must be below end_percent ({end_percent})"
-        return check_shared_inputs(**values)
+    def validate_inputs(cls, start_percent: float, end_percent: float) -> bool | str:
+        # Only the window's two inputs: ComfyUI lists the answer under each input taken here.
+        return check_related(cls, window_problem, start_percent=start_percent, end_percent=end_percent)
 
     @classmethod
     def execute(cls, model: object, threshold: float, start_percent: float, end_percent: float,
@@ -198,6 +200,9 @@ class ApplyTeaCache(ValidatedNode):
                 coefficients: Calibration | tuple[float, ...] | None = None, estimator: str = "reuse",
                 forecast_order: int = 1, forecast_damping: float = 0.5, cfg_branches: str = "together",
                 check: str = "off", check_tolerance: float = 0.1) -> io.NodeOutput:
+        problem = window_problem(start_percent, end_percent)  # linked values are only known now
+        if problem is not None:
+            raise ValueError(f"ApplyTeaCache: {problem}")
         family = resolve_family(model, "ApplyTeaCache")
         if family is None:
             return io.NodeOutput(model)
@@ -207,9 +212,9 @@ class ApplyTeaCache(ValidatedNode):
             end_percent=end_percent,
             **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, check, check_tolerance),
         )
-        calibration = calibration_for(config, "ApplyTeaCache", model, family, coefficients)
+        calibration, source = calibration_for(config, "ApplyTeaCache", model, family, coefficients, variant)
         if calibration is not None:
-            config = config.with_calibration(calibration)
+            config = config.with_calibration(calibration, source)
         elif coefficients is not None:
             if not isinstance(coefficients, tuple):
                 raise ValueError("ApplyTeaCache: coefficients must come from TeaCacheCalibrate or "
@@ -220,7 +225,7 @@ class ApplyTeaCache(ValidatedNode):
         return io.NodeOutput(install(model, settings, family))
 
 
-class ApplyMagCache(ValidatedNode):
+class ApplyMagCache(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -234,17 +239,17 @@ class ApplyMagCache(ValidatedNode):
             ),
             inputs=[
                 io.Model.Input("model", tooltip="The diffusion model to cache (place after LoRAs, before the sampler)."),
-                io.Float.Input("threshold", default=0.06, min=0.0, max=2.0, step=0.001,
+                io.Float.Input("threshold", default=0.06, **finite_range(0.0, 2.0), step=0.001,
                                tooltip="Accumulated magnitude error allowed while skipping. 0 never skips; "
                                "higher is faster and less faithful."),
                 io.Int.Input("max_consecutive_skips", default=2, min=1, max=100,
                              tooltip="K in the paper: at most this many steps in a row reuse the cache."),
-                io.Float.Input("retention_ratio", default=0.2, min=0.0, max=1.0, step=0.01,
+                io.Float.Input("retention_ratio", default=0.2, **finite_range(0.0, 1.0), step=0.01,
                                tooltip="The first part of the denoising always computes (it lays out the image)."),
-                io.Combo.Input("cache_device", options=["main_device", "offload_device"],
-                               default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
-                io.Combo.Input("variant", options=variant_options("magcache"), default="auto",
-                               tooltip=VARIANT_TOOLTIP, optional=True),
+                Choice("cache_device", options=["main_device", "offload_device"],
+                       default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
+                Choice("variant", options=variant_options("magcache"), default="auto",
+                       tooltip=VARIANT_TOOLTIP, optional=True),
                 MagRatiosType.Input(
                     "ratios", optional=True,
                     tooltip="Magnitude ratios from MagCacheCalibrate (or typed in); override the published ones. "
@@ -260,14 +265,11 @@ class ApplyMagCache(ValidatedNode):
         )
 
     @classmethod
-    def check_inputs(cls, **values: object) -> str | None:
-        return check_shared_inputs(**values)
-
-    @classmethod
     def execute(cls, model: object, threshold: float, max_consecutive_skips: int, retention_ratio: float,
-                cache_device: str, variant: str = "auto", ratios: Calibration | MagRatios | None = None,
-                estimator: str = "reuse", forecast_order: int = 1, forecast_damping: float = 0.5,
-                cfg_branches: str = "together", check: str = "off", check_tolerance: float = 0.1) -> io.NodeOutput:
+                cache_device: str, variant: str = "auto",
+                ratios: Calibration | MagRatios | None = None, estimator: str = "reuse", forecast_order: int = 1,
+                forecast_damping: float = 0.5, cfg_branches: str = "together", check: str = "off",
+                check_tolerance: float = 0.1) -> io.NodeOutput:
         family = resolve_family(model, "ApplyMagCache")
         if family is None:
             return io.NodeOutput(model)
@@ -276,18 +278,21 @@ class ApplyMagCache(ValidatedNode):
             threshold=threshold, max_consecutive_skips=max_consecutive_skips, retention_ratio=retention_ratio,
             **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, check, check_tolerance),
         )
-        calibration = calibration_for(config, "ApplyMagCache", model, family, ratios)
+        calibration, source = calibration_for(config, "ApplyMagCache", model, family, ratios, variant)
         if calibration is not None:
-            config = config.with_calibration(calibration)
+            config = config.with_calibration(calibration, source)
         elif ratios is not None:
             if not isinstance(ratios, MagRatios):
                 raise ValueError("ApplyMagCache: ratios must come from MagCacheCalibrate or MagCacheRatiosFromText, "
                                  f"got {type(ratios).__name__}")
             config = dataclasses.replace(config, ratios=ratios)
-        if config.ratios is None and not any(v.magcache is not None for v in family.variants):
+        candidates = family.possible_variants(model.model) if variant == "auto" else (family.variant(variant),)
+        if config.ratios is None and not any(v.magcache is not None for v in candidates):
+            what = family.resolve_variant(model.model, families.RunContext()).label
             raise ValueError(
-                f"ApplyMagCache: no MagCache ratios are published for {family.name} models. Measure them "
-                f"once with MagCacheCalibrate and connect its ratios output here."
+                f"ApplyMagCache: no MagCache ratios are published for this model ({family.name} / {what}). Measure "
+                "them once with MagCacheCalibrate and connect its ratios output here, or, for a fine-tune of a "
+                "published checkpoint, choose that checkpoint with the variant input."
             )
         settings = CacheSettings(method=config, family=family.name, variant=variant, cache_device=cache_device,
                                  node_id=cls.hidden.unique_id)

@@ -30,7 +30,7 @@ from ..cache_core.ratios import MagRatios
 from . import calibration_store
 from .runtime import CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
-from .validation import ValidatedNode
+from .validation import Choice, check_related, finite_range
 
 LOGGER = logging.getLogger("stepcache")
 
@@ -43,16 +43,16 @@ def sampling_inputs() -> list:
                      tooltip="Noise seed, as in KSampler."),
         io.Int.Input("steps", default=30, min=2, max=10000,
                      tooltip="Calibrate at the step count you sample with (ratios are resampled to other counts)."),
-        io.Float.Input("cfg", default=4.0, min=0.0, max=100.0, step=0.1, round=0.01,
+        io.Float.Input("cfg", default=4.0, **finite_range(0.0, 100.0), step=0.1, round=0.01,
                        tooltip="Classifier-free guidance, as in KSampler; above 1 both CFG branches are measured."),
-        io.Combo.Input("sampler_name", options=comfy.samplers.KSampler.SAMPLERS, default="euler",
-                       tooltip="Sampler, as in KSampler; the one you will sample with."),
-        io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS, default="simple",
-                       tooltip="Scheduler, as in KSampler; the one you will sample with."),
+        Choice("sampler_name", options=comfy.samplers.KSampler.SAMPLERS, default="euler",
+               tooltip="Sampler, as in KSampler; the one you will sample with."),
+        Choice("scheduler", options=comfy.samplers.KSampler.SCHEDULERS, default="simple",
+               tooltip="Scheduler, as in KSampler; the one you will sample with."),
         io.Conditioning.Input("positive", tooltip="Positive conditioning, as in KSampler."),
         io.Conditioning.Input("negative", tooltip="Negative conditioning, as in KSampler."),
         io.Latent.Input("latent_image", tooltip="A batch of several latents gives averaged, steadier measurements."),
-        io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
+        io.Float.Input("denoise", default=1.0, **finite_range(0.0, 1.0), step=0.01,
                        tooltip="As in KSampler; calibrate a full denoise (1.0) unless you only ever sample partial ones."),
         io.Boolean.Input("save_calibration", default=True,
                          tooltip="Save under ComfyUI's user directory; the Apply node then finds it for this model."),
@@ -66,19 +66,22 @@ def detect_variant(family: families.Family, model: object, positive: list, negat
         latent_shape=tuple(latent_image["samples"].shape), steps=steps,
         has_denoise_mask=latent_image.get("noise_mask") is not None,
     )
-    return family.detect_variant(model.model, context)
+    return family.resolve_variant(model.model, context).name
 
 
 def measure(node: str, method: type[MethodConfig], model: object, seed: int, steps: int, cfg: float,
-            sampler_name: str, scheduler: str, positive: list, negative: list, latent_image: dict, denoise: float
-            ) -> tuple[dict, Calibration]:
+            sampler_name: str, scheduler: str, positive: list, negative: list, latent_image: dict, denoise: float,
+            node_id: str | None = None) -> tuple[dict, Calibration]:
     """Sample once with every step computed and measured; returns the LATENT and the calibration
-    of ``method`` (a MethodConfig class with a calibration, e.g. MagCacheConfig)."""
+    of ``method`` (a MethodConfig class with a calibration, e.g. MagCacheConfig).
+
+    The run reports its statistics under ``node_id`` (the calibrate node's), like an Apply node's."""
     family = families.family_for(model.model)
     if family is None:
         raise ValueError(f"{node}: {families.unsupported_reason(model.model)}; there is nothing to calibrate")
     recorder = ResidualRecorder(channels_last=not family.caches_in_output_space)
-    measuring = install(model, CacheSettings(method=MeasureConfig(), family=family.name), family, observer=recorder)
+    settings = CacheSettings(method=MeasureConfig(), family=family.name, node_id=node_id)
+    measuring = install(model, settings, family, observer=recorder)
     (latent,) = comfy_nodes.common_ksampler(measuring, seed, steps, cfg, sampler_name, scheduler, positive,
                                             negative, latent_image, denoise=denoise)
     if recorder.schedule is None:
@@ -99,6 +102,11 @@ def measure(node: str, method: type[MethodConfig], model: object, seed: int, ste
     return latent, calibration
 
 
+def node_id_of(node: type[io.ComfyNode]) -> str | None:
+    """The id of the graph node running; None when called as a library, outside ComfyUI's executor."""
+    return node.hidden.unique_id if node.hidden is not None else None
+
+
 def finish(node: str, calibration: Calibration, save_calibration: bool) -> tuple[str, dict]:
     """The report text, and the node's UI output (shown by web/stepcache.js)."""
     text = calibration.summary()
@@ -112,7 +120,7 @@ def finish(node: str, calibration: Calibration, save_calibration: bool) -> tuple
     return text, {"text": [text], "stepcache_ratios": series}
 
 
-class MagCacheCalibrate(ValidatedNode):
+class MagCacheCalibrate(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -126,6 +134,7 @@ class MagCacheCalibrate(ValidatedNode):
             ),
             inputs=sampling_inputs(),
             outputs=[io.Latent.Output("LATENT"), MagRatiosType.Output("ratios"), io.String.Output("report")],
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
@@ -133,12 +142,12 @@ class MagCacheCalibrate(ValidatedNode):
                 positive: list, negative: list, latent_image: dict, denoise: float,
                 save_calibration: bool) -> io.NodeOutput:
         latent, calibration = measure("MagCacheCalibrate", MagCacheConfig, model, seed, steps, cfg, sampler_name,
-                                      scheduler, positive, negative, latent_image, denoise)
+                                      scheduler, positive, negative, latent_image, denoise, node_id_of(cls))
         report, ui = finish("MagCacheCalibrate", calibration, save_calibration)
         return io.NodeOutput(latent, calibration, report, ui=ui)
 
 
-class TeaCacheCalibrate(ValidatedNode):
+class TeaCacheCalibrate(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -158,6 +167,7 @@ class TeaCacheCalibrate(ValidatedNode):
             ],
             outputs=[io.Latent.Output("LATENT"), TeaCacheCoefficientsType.Output("coefficients"),
                      io.String.Output("report")],
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
@@ -165,7 +175,7 @@ class TeaCacheCalibrate(ValidatedNode):
                 positive: list, negative: list, latent_image: dict, denoise: float, save_calibration: bool,
                 add_to: Calibration | None = None) -> io.NodeOutput:
         latent, calibration = measure("TeaCacheCalibrate", TeaCacheConfig, model, seed, steps, cfg, sampler_name,
-                                      scheduler, positive, negative, latent_image, denoise)
+                                      scheduler, positive, negative, latent_image, denoise, node_id_of(cls))
         if add_to is not None:
             calibration = merge("TeaCacheCalibrate", add_to, calibration)
         report, ui = finish("TeaCacheCalibrate", calibration, save_calibration)
@@ -204,7 +214,15 @@ def ratios_from_text(ratios: str, calibrated_steps: int, interleaved: bool) -> M
     return MagRatios.from_table(values, steps, interleaved, source="ratios entered as text")
 
 
-class MagCacheRatiosFromText(ValidatedNode):
+def ratio_text_problem(text: str, calibrated_steps: int, interleaved: bool) -> str | None:
+    try:
+        ratios_from_text(text, calibrated_steps, interleaved)
+    except ValueError as error:
+        return f"ratios: {error}"
+    return None
+
+
+class MagCacheRatiosFromText(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -224,12 +242,10 @@ class MagCacheRatiosFromText(ValidatedNode):
         )
 
     @classmethod
-    def check_inputs(cls, text: str = "", calibrated_steps: int = 0, interleaved: bool = False) -> str | None:
-        try:
-            ratios_from_text(text, calibrated_steps, interleaved)
-        except ValueError as error:
-            return f"ratios: {error}"
-        return None
+    def validate_inputs(cls, text: str, calibrated_steps: int, interleaved: bool) -> bool | str:
+        # The three together make the table: ComfyUI lists the answer under each of them.
+        return check_related(cls, ratio_text_problem, text=text, calibrated_steps=calibrated_steps,
+                             interleaved=interleaved)
 
     @classmethod
     def execute(cls, text: str, calibrated_steps: int, interleaved: bool) -> io.NodeOutput:
@@ -245,7 +261,15 @@ def coefficients_from_text(coefficients: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-class TeaCacheCoefficientsFromText(ValidatedNode):
+def coefficient_text_problem(text: str) -> str | None:
+    try:
+        coefficients_from_text(text)
+    except ValueError as error:
+        return f"coefficients: {error}"
+    return None
+
+
+class TeaCacheCoefficientsFromText(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -259,12 +283,8 @@ class TeaCacheCoefficientsFromText(ValidatedNode):
         )
 
     @classmethod
-    def check_inputs(cls, text: str = "") -> str | None:
-        try:
-            coefficients_from_text(text)
-        except ValueError as error:
-            return f"coefficients: {error}"
-        return None
+    def validate_inputs(cls, text: str) -> bool | str:
+        return check_related(cls, coefficient_text_problem, text=text)
 
     @classmethod
     def execute(cls, text: str) -> io.NodeOutput:

@@ -13,7 +13,7 @@ from comfy_api.latest import io
 
 from ..demo import data, models, pixels
 from .types import CATEGORY as PACK_CATEGORY
-from .validation import ValidatedNode
+from .validation import Choice, check_related
 
 CATEGORY = f"{PACK_CATEGORY}/demo"
 KINDS = ["image", "video"]
@@ -26,7 +26,7 @@ def _model(kind: str) -> object:
     return models.load_model(kind)
 
 
-class DemoModel(ValidatedNode):
+class DemoModel(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -34,7 +34,7 @@ class DemoModel(ValidatedNode):
             display_name="StepCache Demo Model",
             category=CATEGORY,
             description="A small trained FLUX-class image model or Wan-class video model that ships with the pack.",
-            inputs=[io.Combo.Input("kind", options=KINDS, default="image",
+            inputs=[Choice("kind", options=KINDS, default="image",
                                    tooltip="image: FLUX-class, 32x32 pixels; video: Wan-2.1-class, a few frames.")],
             outputs=[io.Model.Output()],
         )
@@ -44,7 +44,13 @@ class DemoModel(ValidatedNode):
         return io.NodeOutput(_model(kind).clone())
 
 
-class DemoPrompt(ValidatedNode):
+def subject_problem(kind: str, subject: str) -> str | None:
+    if subject != UNCONDITIONAL and subject not in models.CLASSES.get(kind, ()):
+        return f"the {kind} demo model knows {', '.join(models.CLASSES.get(kind, ()))}, not '{subject}'"
+    return None
+
+
+class DemoPrompt(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -54,28 +60,30 @@ class DemoPrompt(ValidatedNode):
             description="Conditioning for one class of the demo model (its stand-in for a text prompt). "
             f"{UNCONDITIONAL} is the negative for classifier-free guidance.",
             inputs=[
-                io.Combo.Input("kind", options=KINDS, default="image", tooltip="Which demo model this is for."),
-                io.Combo.Input("subject", options=SUBJECTS, default="disc",
-                               tooltip="image: " + ", ".join(data.IMAGE_CLASSES)
-                               + "; video: " + ", ".join(data.VIDEO_CLASSES)),
+                Choice("kind", options=KINDS, default="image", tooltip="Which demo model this is for."),
+                Choice("subject", options=SUBJECTS, default="disc",
+                       tooltip="image: " + ", ".join(data.IMAGE_CLASSES)
+                       + "; video: " + ", ".join(data.VIDEO_CLASSES)),
                 io.Int.Input("batch_size", default=1, min=1, max=64, tooltip="Match the latent's batch size."),
             ],
             outputs=[io.Conditioning.Output()],
         )
 
     @classmethod
-    def check_inputs(cls, kind: str = "image", subject: str = UNCONDITIONAL, **_: object) -> str | None:
-        if subject != UNCONDITIONAL and subject not in models.CLASSES.get(kind, ()):
-            return f"the {kind} demo model knows {', '.join(models.CLASSES.get(kind, ()))}, not '{subject}'"
-        return None
+    def validate_inputs(cls, kind: str, subject: str) -> bool | str:
+        # Only the two inputs the rule relates: ComfyUI lists the answer under each input taken here.
+        return check_related(cls, subject_problem, kind=kind, subject=subject)
 
     @classmethod
     def execute(cls, kind: str, subject: str, batch_size: int) -> io.NodeOutput:
+        problem = subject_problem(kind, subject)  # linked values are only known now
+        if problem is not None:
+            raise ValueError(f"StepCacheDemoPrompt: {problem}")
         index = None if subject == UNCONDITIONAL else models.CLASSES[kind].index(subject)
         return io.NodeOutput(models.conditioning(kind, index, batch_size))
 
 
-class DemoLatent(ValidatedNode):
+class DemoLatent(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
@@ -83,7 +91,7 @@ class DemoLatent(ValidatedNode):
             display_name="StepCache Demo Empty Latent",
             category=CATEGORY,
             inputs=[
-                io.Combo.Input("kind", options=KINDS, default="image", tooltip="Which demo model this is for."),
+                Choice("kind", options=KINDS, default="image", tooltip="Which demo model this is for."),
                 io.Int.Input("batch_size", default=1, min=1, max=64, tooltip="Images (or videos) per run."),
                 io.Int.Input("frames", default=0, min=0, max=64, tooltip="video latent frames; 0 = as trained"),
             ],
@@ -95,7 +103,7 @@ class DemoLatent(ValidatedNode):
         return io.NodeOutput(models.empty_latent(kind, batch_size, frames or None))
 
 
-class DemoDecode(ValidatedNode):
+class DemoDecode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(

@@ -25,6 +25,7 @@ A calibration's recorder travels with the measuring model's OUTER_SAMPLE wrapper
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,11 +71,15 @@ class CacheSettings:
 class ActiveRun:
     """One sampling run's cache, reachable from every hook through transformer_options."""
 
-    def __init__(self, cache: RunCache, family: families.Family, variant: str,
-                 diffusion_model: torch.nn.Module, use_signal: bool) -> None:
+    def __init__(self, cache: RunCache, family: families.Family, label: str, constants: str | None,
+                 diffusion_model: torch.nn.Module, use_signal: bool, latent_channels: int = 0) -> None:
         self.cache = cache
         self.family = family
-        self.variant = variant
+        # Output space: the model input's leading channels are the latent it predicts for; any after
+        # them are concatenated conditioning (an image to extend, a mask), the same on every step.
+        self.latent_channels = latent_channels
+        self.label = label  # what the model is, e.g. "flux / flux.1-dev"
+        self.constants = constants  # which constants the run uses, and where they came from
         self.diffusion_model = diffusion_model
         self.use_signal = use_signal
         self.call: StackCall = PASSTHROUGH
@@ -91,6 +96,15 @@ class ActiveRun:
         self.call = PASSTHROUGH
         self.diffusion_model = None
         return stats
+
+    def check_reached(self) -> None:
+        """After a finished run: if its steps never reached the hooks (a ComfyUI that hands a
+        model's blocks no transformer_options, e.g. Wan 2.2 S2V before 0.30.0), say so."""
+        cache = self.cache
+        if cache.enabled and cache.schedule.steps and not cache.calls_computed + cache.calls_skipped:
+            reason = "the model's blocks never reached the cache: this ComfyUI passes them no transformer_options"
+            LOGGER.warning("[StepCache] %s: %s; the run was uncached", self.label, reason)
+            cache.disable(reason)
 
     # Block hooks ---------------------------------------------------------------------------
 
@@ -124,9 +138,11 @@ class ActiveRun:
 
     def run_model(self, executor: Any, x: torch.Tensor, options: dict, args: tuple, kwargs: dict) -> torch.Tensor:
         """Output-space caching of the whole diffusion model (families without block hooks).
-        The TeaCache signal is the model input itself."""
+        The TeaCache signal is the model input's latent itself."""
         call = PASSTHROUGH
         if self.cache.enabled:
+            if 0 < self.latent_channels < x.shape[1]:
+                x = x[:, :self.latent_channels]
             call = self._begin(options, x, partial(torch.Tensor.detach, x) if self.use_signal else None)
         if call.skip:
             return call.cached_output
@@ -298,7 +314,9 @@ class OuterSampleWrapper:
             return executor(*args, **kwargs)
         options[RUN_KEY] = run
         try:
-            return executor(*args, **kwargs)
+            out = executor(*args, **kwargs)
+            run.check_reached()
+            return out
         finally:
             options.pop(RUN_KEY, None)
             finish_run(settings, run, run.release())
@@ -308,7 +326,7 @@ outer_sample_wrapper = OuterSampleWrapper()
 
 
 def finish_run(settings: CacheSettings, run: ActiveRun, stats: RunStats) -> None:
-    report(settings.node_id, f"{run.family.name} / {run.variant}", stats)
+    report(settings.node_id, run.label, dataclasses.replace(stats, constants=run.constants))
 
 
 def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_image: torch.Tensor,
@@ -327,9 +345,14 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
         conds=getattr(guider, "conds", None), latent_shape=tuple(latent_image.shape),
         steps=schedule.steps, has_denoise_mask=denoise_mask is not None,
     )
-    variant_name = settings.variant if settings.variant != "auto" else family.detect_variant(model, context)
+    detected = family.resolve_variant(model, context)
+    chosen = family.variant(settings.variant) if settings.variant != "auto" else None
+    # The label says what the model is: a chosen variant only where the model has its architecture
+    # (e.g. Wan 2.2 A14B, which cannot be told from Wan 2.1 14B).
+    shown = chosen if chosen is not None and family.has_architecture(model, chosen) else detected
     method = settings.method
-    policy = method.build_policy(schedule, family.variant(variant_name))
+    policy = method.build_policy(schedule, chosen or detected)
+    constants = method.describe_constants(chosen or detected, chosen is not None)
     blocks = len(family.block_keys(model.diffusion_model))
     check = method.check
     if check == "first_block" and not blocks:
@@ -345,7 +368,9 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
     if reason is not None:
         cache.disable(reason)
     use_signal = policy.uses_signal and cache.enabled
-    return ActiveRun(cache, family, variant_name, model.diffusion_model, use_signal)
+    label = f"{family.name} / {shown.label}"
+    latent_channels = model.latent_format.latent_channels if family.caches_in_output_space else 0
+    return ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal, latent_channels)
 
 
 def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedule) -> str | None:

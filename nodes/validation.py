@@ -1,29 +1,80 @@
-"""Prompt-time checks of every widget value, so bad input is a validation error, never a crash.
+"""Prompt-time checks, so bad input is a validation error under the input it is about, never a crash.
 
-ComfyUI checks numeric ranges and combo options itself only for inputs that a node's
-``validate_inputs`` does not take, and not at all once it takes ``**kwargs``; it never refuses NaN
-(NaN compares false with any bound). So every node of the pack takes all its values here: each
-is checked against its own schema (finite, within min/max, one of the options), then the node's
-own rules (``check_inputs``) run.
+How ComfyUI (0.3.75 and 0.30.0 alike) validates a node's widget values when a prompt is queued:
+
+- it checks each value itself (conversion to the input's type, min/max, combo options) and reports
+  a bad one once, under that input, but only for inputs that the node's ``validate_inputs`` does
+  not take by name;
+- it lists whatever ``validate_inputs`` returns under every input that function takes: under all
+  of the node's inputs, links included, when it takes ``**kwargs``.
+
+So a node of this pack leaves every single-value check to ComfyUI, and only a rule that relates
+several inputs gets a ``validate_inputs``, taking exactly those inputs (``check_related``): its
+message is listed under them and no other. Two gaps in ComfyUI's own checks are closed here:
+
+- it does not refuse NaN (NaN compares false with any bound): FLOAT inputs get bounds that NaN lies
+  outside of (``finite_range``);
+- 0.3.75 checks a combo's value only when the combo's type is its list of options, ComfyUI's
+  original form, not for a V3 combo (type "COMBO"): the pack's combos use that form (``Choice``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from comfy_api.latest import io
 
 
+class FiniteBound(float):
+    """A FLOAT input's min or max that NaN lies outside of.
+
+    ComfyUI refuses a value ``v`` with ``v < min`` or ``v > max``; with a bound of this type on the
+    right, Python asks the bound (a float subclass overriding the reflected comparison), which
+    answers true for NaN. Any other number compares as with a plain float, and JSON (object_info)
+    shows the plain number.
+    """
+
+    def __gt__(self, other: object) -> bool:  # `value < min`
+        return _is_nan(other) or float.__gt__(self, other)
+
+    def __lt__(self, other: object) -> bool:  # `value > max`
+        return _is_nan(other) or float.__lt__(self, other)
+
+
+def _is_nan(value: object) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+class ComboOptions(list):
+    """A combo's options as its input type: a list, which 0.3.75 checks values against, that can
+    also be a dict key (0.30.0 looks every input type up among its dynamic input types)."""
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+
+class Choice(io.Combo.Input):
+    """A combo input whose type is its list of options (ComfyUI's original combo form), so that
+    every supported ComfyUI checks its value itself. The frontend shows it as any combo."""
+
+    def get_io_type(self) -> ComboOptions:
+        return ComboOptions(self.options)
+
+
+def finite_range(low: float, high: float) -> dict[str, FiniteBound]:
+    """``min`` and ``max`` for an ``io.Float.Input``, refusing NaN as well as values outside them."""
+    return {"min": FiniteBound(low), "max": FiniteBound(high)}
+
+
 def widget_problem(inputs: list, values: dict[str, Any]) -> str | None:
-    """The first widget value outside its declared type, range or options, described."""
+    """The first value outside its input's declared range or options, described; None if all fit."""
     for spec in inputs:
         if spec.id not in values:
-            continue  # a link, or an optional input left out
+            continue
         value = values[spec.id]
         if isinstance(spec, io.Int.Input | io.Float.Input):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                return f"{spec.id}: {value!r} is not a number"
             if not math.isfinite(value):
                 return f"{spec.id}: {value} is not a finite number"
             if spec.min is not None and value < spec.min:
@@ -35,16 +86,23 @@ def widget_problem(inputs: list, values: dict[str, Any]) -> str | None:
     return None
 
 
-class ValidatedNode(io.ComfyNode):
-    """Base of the pack's nodes: every widget value is checked when the prompt is queued."""
+def _unchecked_number(spec: object, value: object) -> bool:
+    """A numeric input whose value ComfyUI could not convert (it said so under that input) or a
+    link (no value before the run: ComfyUI passes None)."""
+    if not isinstance(spec, io.Int.Input | io.Float.Input):
+        return False
+    return value is None or isinstance(value, bool) or not isinstance(value, int | float)
 
-    @classmethod
-    def validate_inputs(cls, **values: Any) -> bool | str:
-        # define_schema, not GET_SCHEMA: validation runs on a locked class clone that cannot cache it.
-        problem = widget_problem(cls.define_schema().inputs, values) or cls.check_inputs(**values)
-        return True if problem is None else problem
 
-    @classmethod
-    def check_inputs(cls, **values: Any) -> str | None:
-        """The node's own rules between values that are each valid; None when they hold."""
-        return None
+def check_related(node: type[io.ComfyNode], rule: Callable[..., str | None], **values: Any) -> bool | str:
+    """The body of a ``validate_inputs`` that takes the inputs of one rule (``values``, by name).
+
+    ComfyUI skips its own checks for the inputs validate_inputs takes, so each is checked against
+    its schema here, then the rule between them. The answer is listed under each of these inputs.
+    """
+    # define_schema, not GET_SCHEMA: validation runs on a locked class clone that cannot cache it.
+    specs = [spec for spec in node.define_schema().inputs if spec.id in values]
+    if any(_unchecked_number(spec, values[spec.id]) for spec in specs):
+        return True  # reported by ComfyUI already, or checked when the node runs
+    problem = widget_problem(specs, values) or rule(**values)
+    return True if problem is None else problem

@@ -11,7 +11,10 @@
 
 Both come from one description so they cannot drift; tests/test_example_workflows.py checks the
 committed files equal this script's output, every node and widget against the real ComfyUI, and
-runs every API graph on the server with tiny stand-in models. Standard library only.
+runs every API graph on the server with tiny stand-in models. Every node gets a title of its own,
+the same in both formats (clients address nodes by title), and the layout keeps free the room the
+web extension's panels take after a run (tests/test_browser.py checks it in the frontend's node
+renderings). Standard library only.
 """
 
 from __future__ import annotations
@@ -40,14 +43,21 @@ class NodeSpec:
 
     ``widgets`` are the inputs the frontend shows as widgets (INT, FLOAT, STRING, BOOLEAN, combos,
     optional ones included), in INPUT_TYPES order; ``seeded`` ones get a control value after them.
-    The test checks every spec against the node's real INPUT_TYPES / RETURN_TYPES.
+    ``title`` is the node's title in both formats unless a graph gives it one of its own. The test
+    checks every spec against the node's real INPUT_TYPES / RETURN_TYPES on each ComfyUI version.
+    Output nodes list no outputs: ComfyUI 0.30.0 gave some (SaveImage, PreviewAny, ...) an
+    output that 0.3.75 has not, and a UI node without an "outputs" entry takes its node's own.
     """
 
+    title: str
     inputs: tuple[tuple[str, str], ...] = ()
     widgets: tuple[str, ...] = ()
     outputs: tuple[tuple[str, str], ...] = ()
     seeded: tuple[str, ...] = ()
     width: int = 320
+    # Height the pack's web extension adds below the widgets after a run (web/stepcache.js: the
+    # stats panel of the Apply nodes, the ratio plot of the calibrate nodes), kept free in the layout.
+    panel: int = 0
 
 
 # The optional inputs both Apply nodes share (nodes/apply_nodes.py), and their defaults.
@@ -55,91 +65,98 @@ ESTIMATOR_DEFAULTS = {"estimator": "reuse", "forecast_order": 1, "forecast_dampi
                       "check": "off", "check_tolerance": 0.1}
 ESTIMATOR_WIDGETS = tuple(ESTIMATOR_DEFAULTS)
 
+# Room for the web extension's panels (graph units, measured in both node renderings of
+# tests/test_browser.py with two CFG branches, plus a margin).
+STATS_PANEL = 120
+PLOT_PANEL = 190
+
 SPECS: dict[str, NodeSpec] = {
     # core loaders and encoders
-    "UNETLoader": NodeSpec(widgets=("unet_name", "weight_dtype"), outputs=(("MODEL", "MODEL"),)),
-    "CLIPLoader": NodeSpec(widgets=("clip_name", "type", "device"), outputs=(("CLIP", "CLIP"),)),
-    "DualCLIPLoader": NodeSpec(widgets=("clip_name1", "clip_name2", "type", "device"), outputs=(("CLIP", "CLIP"),)),
-    "VAELoader": NodeSpec(widgets=("vae_name",), outputs=(("VAE", "VAE"),)),
-    "CLIPTextEncode": NodeSpec(inputs=(("clip", "CLIP"),), widgets=("text",),
+    "UNETLoader": NodeSpec("Load Diffusion Model", widgets=("unet_name", "weight_dtype"), outputs=(("MODEL", "MODEL"),)),
+    "CLIPLoader": NodeSpec("Load Text Encoder", widgets=("clip_name", "type", "device"), outputs=(("CLIP", "CLIP"),)),
+    "DualCLIPLoader": NodeSpec("Load Text Encoders", widgets=("clip_name1", "clip_name2", "type", "device"), outputs=(("CLIP", "CLIP"),)),
+    "VAELoader": NodeSpec("Load VAE", widgets=("vae_name",), outputs=(("VAE", "VAE"),)),
+    "CLIPTextEncode": NodeSpec("Prompt", inputs=(("clip", "CLIP"),), widgets=("text",),
                                outputs=(("CONDITIONING", "CONDITIONING"),), width=420),
-    "ConditioningZeroOut": NodeSpec(inputs=(("conditioning", "CONDITIONING"),),
+    "ConditioningZeroOut": NodeSpec("Conditioning Zero Out", inputs=(("conditioning", "CONDITIONING"),),
                                     outputs=(("CONDITIONING", "CONDITIONING"),)),
-    "FluxGuidance": NodeSpec(inputs=(("conditioning", "CONDITIONING"),), widgets=("guidance",),
+    "FluxGuidance": NodeSpec("Flux Guidance", inputs=(("conditioning", "CONDITIONING"),), widgets=("guidance",),
                              outputs=(("CONDITIONING", "CONDITIONING"),)),
     # latents and model sampling
-    "EmptySD3LatentImage": NodeSpec(widgets=("width", "height", "batch_size"), outputs=(("LATENT", "LATENT"),)),
-    "EmptyFlux2LatentImage": NodeSpec(widgets=("width", "height", "batch_size"), outputs=(("LATENT", "LATENT"),)),
-    "EmptyHunyuanLatentVideo": NodeSpec(widgets=("width", "height", "length", "batch_size"),
+    "EmptySD3LatentImage": NodeSpec("Empty Latent Image", widgets=("width", "height", "batch_size"), outputs=(("LATENT", "LATENT"),)),
+    "EmptyFlux2LatentImage": NodeSpec("Empty Flux 2 Latent", widgets=("width", "height", "batch_size"), outputs=(("LATENT", "LATENT"),)),
+    "EmptyHunyuanLatentVideo": NodeSpec("Empty Latent Video", widgets=("width", "height", "length", "batch_size"),
                                         outputs=(("LATENT", "LATENT"),)),
-    "ModelSamplingSD3": NodeSpec(inputs=(("model", "MODEL"),), widgets=("shift",), outputs=(("MODEL", "MODEL"),)),
-    "ModelSamplingAuraFlow": NodeSpec(inputs=(("model", "MODEL"),), widgets=("shift",),
+    "ModelSamplingSD3": NodeSpec("Model Sampling (shift)", inputs=(("model", "MODEL"),), widgets=("shift",), outputs=(("MODEL", "MODEL"),)),
+    "ModelSamplingAuraFlow": NodeSpec("Model Sampling (shift)", inputs=(("model", "MODEL"),), widgets=("shift",),
                                       outputs=(("MODEL", "MODEL"),)),
     # samplers
-    "KSampler": NodeSpec(
+    "KSampler": NodeSpec("KSampler",
         inputs=(("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
                 ("latent_image", "LATENT")),
         widgets=("seed", "steps", "cfg", "sampler_name", "scheduler", "denoise"),
         outputs=(("LATENT", "LATENT"),), seeded=("seed",)),
-    "KSamplerAdvanced": NodeSpec(
+    "KSamplerAdvanced": NodeSpec("KSampler (Advanced)",
         inputs=(("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
                 ("latent_image", "LATENT")),
         widgets=("add_noise", "noise_seed", "steps", "cfg", "sampler_name", "scheduler", "start_at_step",
                  "end_at_step", "return_with_leftover_noise"),
         outputs=(("LATENT", "LATENT"),), seeded=("noise_seed",)),
-    "RandomNoise": NodeSpec(widgets=("noise_seed",), outputs=(("NOISE", "NOISE"),), seeded=("noise_seed",)),
-    "KSamplerSelect": NodeSpec(widgets=("sampler_name",), outputs=(("SAMPLER", "SAMPLER"),)),
-    "Flux2Scheduler": NodeSpec(widgets=("steps", "width", "height"), outputs=(("SIGMAS", "SIGMAS"),)),
-    "BasicGuider": NodeSpec(inputs=(("model", "MODEL"), ("conditioning", "CONDITIONING")),
+    "RandomNoise": NodeSpec("Random Noise", widgets=("noise_seed",), outputs=(("NOISE", "NOISE"),), seeded=("noise_seed",)),
+    "KSamplerSelect": NodeSpec("Sampler", widgets=("sampler_name",), outputs=(("SAMPLER", "SAMPLER"),)),
+    "Flux2Scheduler": NodeSpec("Flux 2 Scheduler", widgets=("steps", "width", "height"), outputs=(("SIGMAS", "SIGMAS"),)),
+    "BasicGuider": NodeSpec("Basic Guider", inputs=(("model", "MODEL"), ("conditioning", "CONDITIONING")),
                             outputs=(("GUIDER", "GUIDER"),)),
-    "SamplerCustomAdvanced": NodeSpec(
+    "SamplerCustomAdvanced": NodeSpec("Sampler Custom (Advanced)",
         inputs=(("noise", "NOISE"), ("guider", "GUIDER"), ("sampler", "SAMPLER"), ("sigmas", "SIGMAS"),
                 ("latent_image", "LATENT")),
         outputs=(("output", "LATENT"), ("denoised_output", "LATENT"))),
     # decode and save
-    "VAEDecode": NodeSpec(inputs=(("samples", "LATENT"), ("vae", "VAE")), outputs=(("IMAGE", "IMAGE"),)),
-    "VAEDecodeTiled": NodeSpec(inputs=(("samples", "LATENT"), ("vae", "VAE")),
+    "VAEDecode": NodeSpec("VAE Decode", inputs=(("samples", "LATENT"), ("vae", "VAE")), outputs=(("IMAGE", "IMAGE"),)),
+    "VAEDecodeTiled": NodeSpec("VAE Decode (Tiled)", inputs=(("samples", "LATENT"), ("vae", "VAE")),
                                widgets=("tile_size", "overlap", "temporal_size", "temporal_overlap"),
                                outputs=(("IMAGE", "IMAGE"),)),
-    "SaveImage": NodeSpec(inputs=(("images", "IMAGE"),), widgets=("filename_prefix",), width=400),
-    "SaveAnimatedWEBP": NodeSpec(inputs=(("images", "IMAGE"),),
+    "SaveImage": NodeSpec("Save Image", inputs=(("images", "IMAGE"),), widgets=("filename_prefix",), width=400),
+    "SaveAnimatedWEBP": NodeSpec("Save Animated WEBP", inputs=(("images", "IMAGE"),),
                                  widgets=("filename_prefix", "fps", "lossless", "quality", "method"), width=400),
-    "CreateVideo": NodeSpec(inputs=(("images", "IMAGE"), ("audio", "AUDIO")), widgets=("fps",),
-                            outputs=(("VIDEO", "VIDEO"),)),
-    "SaveVideo": NodeSpec(inputs=(("video", "VIDEO"),), widgets=("filename_prefix", "format", "codec"), width=400),
-    "PreviewAny": NodeSpec(inputs=(("source", "*"),), width=400),
+    "PreviewAny": NodeSpec("Preview as Text", inputs=(("source", "*"),), width=400),
     # this pack
-    "ApplyMagCache": NodeSpec(
+    "ApplyMagCache": NodeSpec("Apply MagCache",
         inputs=(("model", "MODEL"), ("ratios", "MAG_RATIOS")),
         widgets=("threshold", "max_consecutive_skips", "retention_ratio", "cache_device", "variant",
                  *ESTIMATOR_WIDGETS),
-        outputs=(("MODEL", "MODEL"),)),
-    "ApplyTeaCache": NodeSpec(
+        outputs=(("MODEL", "MODEL"),), panel=STATS_PANEL),
+    "ApplyTeaCache": NodeSpec("Apply TeaCache",
         inputs=(("model", "MODEL"), ("coefficients", "TEACACHE_COEFFICIENTS")),
         widgets=("threshold", "start_percent", "end_percent", "max_consecutive_skips", "cache_device", "variant",
                  *ESTIMATOR_WIDGETS),
-        outputs=(("MODEL", "MODEL"),)),
-    "MagCacheCalibrate": NodeSpec(
+        outputs=(("MODEL", "MODEL"),), panel=STATS_PANEL),
+    "MagCacheCalibrate": NodeSpec("MagCache Calibrate",
         inputs=(("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
                 ("latent_image", "LATENT")),
         widgets=("seed", "steps", "cfg", "sampler_name", "scheduler", "denoise", "save_calibration"),
-        outputs=(("LATENT", "LATENT"), ("MAG_RATIOS", "MAG_RATIOS"), ("STRING", "STRING")), seeded=("seed",)),
-    "StepCacheDemoModel": NodeSpec(widgets=("kind",), outputs=(("MODEL", "MODEL"),)),
-    "StepCacheDemoPrompt": NodeSpec(widgets=("kind", "subject", "batch_size"),
+        outputs=(("LATENT", "LATENT"), ("MAG_RATIOS", "MAG_RATIOS"), ("STRING", "STRING")), seeded=("seed",),
+        panel=PLOT_PANEL),
+    "StepCacheDemoModel": NodeSpec("StepCache Demo Model", widgets=("kind",), outputs=(("MODEL", "MODEL"),)),
+    "StepCacheDemoPrompt": NodeSpec("StepCache Demo Prompt", widgets=("kind", "subject", "batch_size"),
                                     outputs=(("CONDITIONING", "CONDITIONING"),)),
-    "StepCacheDemoLatent": NodeSpec(widgets=("kind", "batch_size", "frames"), outputs=(("LATENT", "LATENT"),)),
-    "StepCacheDemoDecode": NodeSpec(inputs=(("samples", "LATENT"),), outputs=(("IMAGE", "IMAGE"),)),
+    "StepCacheDemoLatent": NodeSpec("StepCache Demo Empty Latent", widgets=("kind", "batch_size", "frames"), outputs=(("LATENT", "LATENT"),)),
+    "StepCacheDemoDecode": NodeSpec("StepCache Demo Decode", inputs=(("samples", "LATENT"),), outputs=(("IMAGE", "IMAGE"),)),
     # frontend-only: never in the API format
-    "MarkdownNote": NodeSpec(widgets=("text",), width=440),
+    "MarkdownNote": NodeSpec("Note", widgets=("text",), width=440),
 }
 
 # Nodes the frontend draws but never sends to the server.
 FRONTEND_ONLY = frozenset({"MarkdownNote", "Note"})
 
 COLUMN_WIDTH = 500
-ROW_GAP = 40
+NODE_TITLE_HEIGHT = 30  # drawn above a node's pos
+# Between a node (and its panel) and the next node's title: also room for the rows of the Nodes 2.0
+# rendering, which makes some nodes about 20 units taller than the size stored here.
+NODE_GAP = 50
 GROUP_PADDING = 12
 GROUP_TITLE_HEIGHT = 34
+TOP = 100
 
 
 @dataclass(frozen=True)
@@ -155,7 +172,7 @@ class Node:
     id: int
     type: str
     values: dict[str, Any]
-    title: str | None
+    title: str
     column: int
     pos: tuple[int, int] = (0, 0)
     size: tuple[int, int] = (0, 0)
@@ -182,6 +199,10 @@ class Workflow:
         missing = set(spec.widgets) - set(values)
         if unknown or missing:
             raise ValueError(f"{self.name}: {type_}: unknown inputs {sorted(unknown)}, missing {sorted(missing)}")
+        title = title or spec.title
+        if any(other.title == title for other in self.nodes):
+            # Clients address nodes by title (and users read them): give the second one its own.
+            raise ValueError(f"{self.name}: two nodes titled {title!r}")
         node = Node(id=len(self.nodes) + 1, type=type_, values=values, title=title, column=column)
         self.nodes.append(node)
         return node
@@ -195,7 +216,8 @@ class Workflow:
     # layout ------------------------------------------------------------------------------
 
     def layout(self) -> None:
-        """Columns left to right in data-flow order (the note first), nodes stacked in each."""
+        """Columns left to right in data-flow order (the note first), nodes stacked in each, with
+        room below a node for the panel the web extension gives it after a run."""
         tops: dict[int, int] = {}
         for node in self.nodes:
             spec = node.spec
@@ -208,21 +230,21 @@ class Workflow:
                 # Tall enough for the rendered text (about 60 characters a line at this width).
                 text = node.values["text"]
                 height = 40 + 20 * sum(1 + len(line) // 60 for line in text.splitlines())
-            if node.type in ("SaveImage", "SaveAnimatedWEBP", "SaveVideo", "PreviewAny"):
+            if node.type in ("SaveImage", "SaveAnimatedWEBP", "PreviewAny"):
                 height = max(height, 300)
             x = 40 + (node.column + 1) * COLUMN_WIDTH
-            y = tops.get(node.column, 80)
+            y = tops.get(node.column, TOP)
             node.pos, node.size = (x, y), (spec.width, height)
-            tops[node.column] = y + height + ROW_GAP
+            tops[node.column] = y + height + spec.panel + NODE_GAP + NODE_TITLE_HEIGHT
 
     def group_list(self) -> list[dict]:
         groups = []
         for column, title in sorted(self.groups.items()):
             members = [n for n in self.nodes if n.column == column and n.type not in FRONTEND_ONLY]
             left = min(n.pos[0] for n in members) - GROUP_PADDING
-            top = min(n.pos[1] for n in members) - GROUP_PADDING - GROUP_TITLE_HEIGHT
+            top = min(n.pos[1] for n in members) - NODE_TITLE_HEIGHT - GROUP_PADDING - GROUP_TITLE_HEIGHT
             right = max(n.pos[0] + n.size[0] for n in members) + GROUP_PADDING
-            bottom = max(n.pos[1] + n.size[1] for n in members) + GROUP_PADDING
+            bottom = max(n.pos[1] + n.size[1] + n.spec.panel for n in members) + GROUP_PADDING
             groups.append({"id": len(groups) + 1, "title": title, "bounding": [left, top, right - left, bottom - top],
                            "color": "#3f789e", "font_size": 24, "flags": {}})
         return groups
@@ -252,8 +274,7 @@ class Workflow:
                 "id": node.id, "type": node.type, "pos": list(node.pos), "size": list(node.size), "flags": {},
                 "order": order[node.id], "mode": 0,
             }
-            if node.title:
-                entry["title"] = node.title
+            entry["title"] = node.title
             if spec.inputs:
                 entry["inputs"] = [{"name": name, "type": type_, "link": incoming.get((node.id, name))}
                                    for name, type_ in spec.inputs]
@@ -295,7 +316,7 @@ class Workflow:
             inputs = {name: [str(value.node.id), value.slot] if isinstance(value, Out) else value
                       for name, value in node.values.items()}
             graph[str(node.id)] = {"class_type": node.type, "inputs": inputs,
-                                   "_meta": {"title": node.title or node.type}}
+                                   "_meta": {"title": node.title}}
         return graph
 
     def topological(self) -> list[Node]:
@@ -465,8 +486,10 @@ docs/benchmark.md (calibrated vs published constants on the built-in model).
     return w
 
 
-def _wan_loaders(w: Workflow, unet_names: list[str]) -> tuple[list[Node], Node, Node]:
-    unets = [w.add("UNETLoader", 0, unet_name=name, weight_dtype="default") for name in unet_names]
+def _wan_loaders(w: Workflow, unet_names: list[str], unet_titles: tuple[str | None, ...] = (None,)
+                 ) -> tuple[list[Node], Node, Node]:
+    unets = [w.add("UNETLoader", 0, title=title, unet_name=name, weight_dtype="default")
+             for name, title in zip(unet_names, unet_titles, strict=True)]
     clip = w.add("CLIPLoader", 0, clip_name="umt5_xxl_fp8_e4m3fn_scaled.safetensors", type="wan",
                  device="default")
     vae = w.add("VAELoader", 0, vae_name="wan_2.1_vae.safetensors")
@@ -491,8 +514,8 @@ def wan21_t2v_magcache() -> Workflow:
                     latent_image=latent.out(), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
                     scheduler="simple", denoise=1.0)
     decode = w.add("VAEDecode", 3, samples=sampler.out(), vae=vae.out())
-    video = w.add("CreateVideo", 3, images=decode.out(), fps=16.0)
-    w.add("SaveVideo", 3, video=video.out(), filename_prefix="stepcache/wan21_t2v", format="auto", codec="auto")
+    w.add("SaveAnimatedWEBP", 3, images=decode.out(), filename_prefix="stepcache/wan21_t2v", fps=16.0,
+          lossless=False, quality=90, method="default")
     w.note(f"""
 ## Wan 2.1 text to video (1.3B) with MagCache
 
@@ -516,16 +539,17 @@ def wan22_t2v_two_stage_magcache() -> Workflow:
     w.groups = {0: "Load models (two experts)", 1: "Prompt and latent", 2: "Step cache per expert",
                 3: "High noise, then low noise", 4: "Decode and save"}
     (high, low), clip, vae = _wan_loaders(w, ["wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
-                                              "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"])
+                                              "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"],
+                                          ("Load Diffusion Model (high noise)", "Load Diffusion Model (low noise)"))
     positive = w.add("CLIPTextEncode", 1, title="Prompt", clip=clip.out(),
                      text="a paper boat drifting down a rain-soaked street, reflections, slow dolly shot")
     negative = w.add("CLIPTextEncode", 1, title="Negative prompt", clip=clip.out(), text=WAN_NEGATIVE)
     latent = w.add("EmptyHunyuanLatentVideo", 1, width=640, height=640, length=81, batch_size=1)
     stage_cache = {**MAGCACHE_DEFAULTS, "variant": "wan2.2-t2v-a14b"}
     high_cache = w.add("ApplyMagCache", 2, title="Apply MagCache (high noise)", model=high.out(), **stage_cache)
-    high_shift = w.add("ModelSamplingSD3", 2, model=high_cache.out(), shift=8.0)
+    high_shift = w.add("ModelSamplingSD3", 2, title="Model Sampling (high noise)", model=high_cache.out(), shift=8.0)
     low_cache = w.add("ApplyMagCache", 2, title="Apply MagCache (low noise)", model=low.out(), **stage_cache)
-    low_shift = w.add("ModelSamplingSD3", 2, model=low_cache.out(), shift=8.0)
+    low_shift = w.add("ModelSamplingSD3", 2, title="Model Sampling (low noise)", model=low_cache.out(), shift=8.0)
     first = w.add("KSamplerAdvanced", 3, title="KSampler (high noise, steps 0-10)", model=high_shift.out(),
                   positive=positive.out(), negative=negative.out(), latent_image=latent.out(),
                   add_noise="enable", noise_seed=42, steps=20, cfg=3.5, sampler_name="euler",
@@ -535,8 +559,8 @@ def wan22_t2v_two_stage_magcache() -> Workflow:
                    add_noise="disable", noise_seed=0, steps=20, cfg=3.5, sampler_name="euler",
                    scheduler="simple", start_at_step=10, end_at_step=10000, return_with_leftover_noise="disable")
     decode = w.add("VAEDecode", 4, samples=second.out(), vae=vae.out())
-    video = w.add("CreateVideo", 4, images=decode.out(), fps=16.0)
-    w.add("SaveVideo", 4, video=video.out(), filename_prefix="stepcache/wan22_t2v", format="auto", codec="auto")
+    w.add("SaveAnimatedWEBP", 4, images=decode.out(), filename_prefix="stepcache/wan22_t2v", fps=16.0,
+          lossless=False, quality=90, method="default")
     w.note("""
 ## Wan 2.2 A14B text to video, two experts, each with its own cache
 
@@ -659,13 +683,15 @@ def demo_image_magcache() -> Workflow:
     w = Workflow("demo_image_magcache")
     w.groups = {0: "Built-in model, no downloads", 1: "Step cache", 2: "Sample and save"}
     model, positive, negative, latent = _demo_inputs(w, "disc")
-    cache = w.add("ApplyMagCache", 1, model=model.out(), **MAGCACHE_DEFAULTS)
+    cache = w.add("ApplyMagCache", 1, model=model.out(), **{**MAGCACHE_DEFAULTS, "variant": "flux.1-dev"})
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_demo_magcache")
     w.note(f"""
 ## StepCache demo: MagCache on the built-in model
 
-Try the cache with nothing to download. The demo model is detected as FLUX.1, so Apply MagCache
-uses the published FLUX ratios.
+Try the cache with nothing to download. The demo model has FLUX.1's architecture but is no
+published checkpoint, so nothing is published for it; `variant: flux.1-dev` chooses FLUX.1-dev's
+published MagCache ratios by hand (the run reports them as chosen). The calibrate demo measures
+the model's own.
 {DEMO_FILES}
 **Expected speedup**: measured on this model in docs/benchmark.md (its block stack is a small
 share of each step, so wall time gains less than on real models). `./dev demo` runs this graph
@@ -679,13 +705,14 @@ def demo_image_teacache() -> Workflow:
     w.groups = {0: "Built-in model, no downloads", 1: "Step cache", 2: "Sample and save"}
     model, positive, negative, latent = _demo_inputs(w, "disc")
     cache = w.add("ApplyTeaCache", 1, model=model.out(), threshold=0.2, start_percent=0.0, end_percent=1.0,
-                  max_consecutive_skips=3, cache_device="main_device", variant="auto", **ESTIMATOR_DEFAULTS)
+                  max_consecutive_skips=3, cache_device="main_device", variant="flux.1-dev", **ESTIMATOR_DEFAULTS)
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_demo")
     w.note(f"""
 ## StepCache demo: TeaCache on the built-in model
 
-Try the cache with nothing to download. The demo model is detected as FLUX.1, so Apply TeaCache
-uses the published FLUX polynomial.
+Try the cache with nothing to download. The demo model has FLUX.1's architecture but is no
+published checkpoint; `variant: flux.1-dev` chooses FLUX.1-dev's published TeaCache polynomial by
+hand (with `auto` it would run on the unscaled signal, which needs a smaller threshold).
 {DEMO_FILES}
 **Expected speedup**: measured on this model in docs/benchmark.md.
 {TUNING_TEACACHE}""")

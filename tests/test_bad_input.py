@@ -1,6 +1,7 @@
 """Bad input over the HTTP API: every widget of every node of the pack, with out-of-range,
 wrong-type, empty, NaN/infinite and malformed values, comes back from POST /prompt as ComfyUI's
-validation error for that node (HTTP 400 with node_errors), and the server keeps serving.
+validation error for that node (HTTP 400 with node_errors), reported once, under the input it is
+about (or under the inputs of the one rule that relates it to others), and the server keeps serving.
 
 The widgets and their ranges come from the server's own /object_info, so a new input is covered
 without editing this file. Each node sits in a small graph that is valid as it stands (checked by
@@ -23,6 +24,15 @@ pytestmark = pytest.mark.server
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACK_MODULE = "custom_nodes.comfyui-stepcache"
+
+# The rules that relate several inputs of a node: a bad value of one of them may be listed under
+# each input of its rule (ComfyUI lists a node's own check under every input the check takes).
+# Every other bad value is listed under its own input alone.
+RELATED_INPUTS = {
+    "ApplyTeaCache": {"start_percent", "end_percent"},
+    "MagCacheRatiosFromText": {"text", "calibrated_steps", "interleaved"},
+    "StepCacheDemoPrompt": {"kind", "subject"},
+}
 
 # Strings a user can paste into the text nodes that are not valid lists for them.
 BAD_RATIO_TEXT = ["", "   ", "abc", "1.0, 0.9, x", "1.0, nan, 0.9", "1.0, inf", "1.0, -0.5, 0.9", "1.0"]
@@ -52,8 +62,9 @@ def apply_node(class_type: str, **extra: object) -> dict:
     widgets = {
         "ApplyTeaCache": {"threshold": 0.4, "start_percent": 0.0, "end_percent": 1.0, "max_consecutive_skips": 3,
                           "cache_device": "main_device", "variant": "auto"},
+        # The tiny model is no published checkpoint: FLUX.1-dev's ratios, chosen by name.
         "ApplyMagCache": {"threshold": 0.06, "max_consecutive_skips": 2, "retention_ratio": 0.2,
-                          "cache_device": "main_device", "variant": "auto"},
+                          "cache_device": "main_device", "variant": "flux.1-dev"},
     }[class_type]
     return {"class_type": class_type, "inputs": {"model": ["model", 0], **widgets, **extra}}
 
@@ -133,14 +144,46 @@ def test_bad_widget_values_are_refused_for_that_node(server, pack_inputs, class_
             bad[node_id]["inputs"][name] = value
             with pytest.raises(PromptRejected) as rejected:
                 server.queue(bad)
-            body = rejected.value.body
-            assert node_id in body["node_errors"], f"{class_type}.{name} = {value!r}: {body}"
-            errors = body["node_errors"][node_id]["errors"]
-            text = " ".join(f"{e['message']} {e['details']}" for e in errors)
-            assert name in text, f"{class_type}.{name} = {value!r}: the error does not name the input: {text}"
+            where = f"{class_type}.{name} = {value!r}"
+            assert_reported_once(rejected.value.body, node_id, name, class_type, where)
             checked += 1
     assert checked >= len(widgets) - sum(1 for s in widgets.values() if s[0] == "BOOLEAN")
     assert server.get("/system_stats")["system"]["comfyui_version"] == comfyui_version()
+
+
+def assert_reported_once(body: dict, node_id: str, name: str, class_type: str, where: str) -> None:
+    """One error per input, under ``name`` and at most the other inputs of its rule."""
+    assert list(body["node_errors"]) == [node_id], f"{where}: {body}"
+    errors = body["node_errors"][node_id]["errors"]
+    inputs = [error["extra_info"]["input_name"] for error in errors]
+    assert len(inputs) == len(set(inputs)), f"{where}: the same input reported twice: {errors}"
+    related = RELATED_INPUTS.get(class_type, set())
+    allowed = related if name in related else {name}
+    assert name in inputs and set(inputs) <= allowed, f"{where}: reported under {inputs}: {errors}"
+    text = " ".join(f"{e['message']} {e['details']}" for e in errors)
+    assert name in text, f"{where}: the error does not name the input: {text}"
+
+
+# A value each input takes on its own, in a combination the node's rule refuses.
+RULE_VIOLATIONS = {
+    "ApplyTeaCache": {"start_percent": 0.8, "end_percent": 0.2},
+    "MagCacheRatiosFromText": {"text": "1.0, 0.98, 0.97", "calibrated_steps": 0, "interleaved": True},
+    "StepCacheDemoPrompt": {"kind": "video", "subject": "disc"},
+}
+
+
+@pytest.mark.parametrize("class_type", sorted(RULE_VIOLATIONS))
+def test_a_rule_between_inputs_is_reported_under_those_inputs_only(server, class_type):
+    graph, node_id = base_graphs()[class_type]
+    bad = copy.deepcopy(graph)
+    bad[node_id]["inputs"] |= RULE_VIOLATIONS[class_type]
+    with pytest.raises(PromptRejected) as rejected:
+        server.queue(bad)
+    body = rejected.value.body
+    assert list(body["node_errors"]) == [node_id], body
+    errors = body["node_errors"][node_id]["errors"]
+    assert sorted(error["extra_info"]["input_name"] for error in errors) == sorted(RELATED_INPUTS[class_type])
+    assert len({error["details"].split(" - ", 1)[1] for error in errors}) == 1, errors  # one message
 
 
 def test_the_server_still_runs_a_good_cached_graph_afterwards(server):

@@ -1,8 +1,12 @@
 """The web extension (web/stepcache.js) in the real ComfyUI frontend, driven by headless Chromium.
 
-The real server serves the frontend package and this pack's web/ folder; the browser loads an
-example API workflow, queues it from the page, and the panels the extension draws are compared
-with what the server itself reports for that prompt (GET /stepcache/stats).
+The real server serves its own frontend package and this pack's web/ folder. The browser loads the
+example workflows in the UI format users open (example_workflows/*.json, laid out by
+scripts/make_workflows.py), in each node rendering the frontend has: the classic canvas and, where
+the frontend has it, Nodes 2.0 (Vue nodes, setting Comfy.VueNodes.Enabled). It checks that the
+frontend queues each file as its API twin, queues the demo graphs from the page, compares the
+panels the extension draws with what the server reports (GET /stepcache/stats), and checks that no
+panel is covered by another node after a run.
 
 Needs playwright (in the host lock) and a system Chromium (Debian's `chromium`; playwright's own
 browser download is not reachable from CI). Without them the test is skipped on a developer
@@ -21,10 +25,13 @@ import urllib.request
 
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.timeout(180)]
+from harness.host import comfyui_version
+
+pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.timeout(300)]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-WORKFLOWS = REPO_ROOT / "example_workflows" / "api"
+UI_DIR = REPO_ROOT / "example_workflows"
+API_DIR = UI_DIR / "api"
 # Screenshots are also kept here (git-ignored) so they can be looked at after a run.
 OUT_DIR = REPO_ROOT / "out" / "browser"
 CHROMIUM_ARGS = [
@@ -34,6 +41,17 @@ CHROMIUM_ARGS = [
 ]
 # Colours web/stepcache.js draws the cond / uncond series in (BRANCH_COLORS).
 BRANCH_RGB = {"cond": (0x4E, 0xA1, 0xFF), "uncond": (0xFF, 0x9F, 0x43)}
+VUE_NODES_SETTING = "Comfy.VueNodes.Enabled"
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def renderings() -> list[str]:
+    """Nodes 2.0 is tested from ComfyUI 0.30.0's frontend (1.47) on, where users meet it (its
+    default for new installs); 0.3.75's frontend has it only as an experiment."""
+    return ["classic", "vue"] if _version_tuple(comfyui_version()) >= (0, 30) else ["classic"]
 
 
 def _flag(name: str) -> bool:
@@ -70,19 +88,26 @@ def chromium() -> str:
     return path
 
 
+def post_settings(server, settings: dict) -> None:
+    """The user's settings file, as the frontend's settings dialog writes it (read at page load)."""
+    request = urllib.request.Request(
+        server.url + "/settings", data=json.dumps(settings).encode(), headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+
+
 @pytest.fixture(scope="module")
 def ui_server(chromium):
     """A server of its own: the page's client id, not the test's, gets the stats events."""
     from harness.server import ComfyServer
 
     with ComfyServer() as running:
-        # The first visit otherwise opens the templates dialog over the canvas.
-        request = urllib.request.Request(
-            running.url + "/settings", data=json.dumps({"Comfy.TutorialCompleted": True}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10):
-            pass
+        # The first visit otherwise opens the templates dialog over the canvas, and the real-model
+        # examples a dialog about model files this host does not have. Without persistence a new
+        # page does not restore the previous test's workflows while a test loads its own.
+        post_settings(running, {"Comfy.TutorialCompleted": True, "Comfy.Workflow.ShowMissingModelsWarning": False,
+                                "Comfy.Workflow.ShowMissingNodesWarning": False, "Comfy.Workflow.Persist": False})
         yield running
 
 
@@ -101,12 +126,60 @@ def browser(chromium):
         playwright.stop()
 
 
-class Frontend:
-    """One page of the real frontend, and the errors the extension raised in it."""
+# Screen rectangles [x, y, width, height] of every node (title bar included) and of every panel of
+# the extension, in either rendering: Vue nodes are DOM elements; classic nodes are drawn on the
+# canvas at pos/size (title above pos), mapped to the screen through the canvas transform.
+GEOMETRY_JS = """
+() => {
+    const graph = window.app.graph, canvas = window.app.canvas, ds = canvas.ds;
+    const box = canvas.canvas.getBoundingClientRect();
+    const titleHeight = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+    const rect = (r) => [r.x, r.y, r.width, r.height];
+    const nodes = {}, panels = {};
+    for (const node of graph.nodes) {
+        const element = document.querySelector(`[data-node-id="${node.id}"]`);
+        nodes[node.id] = element ? rect(element.getBoundingClientRect()) : [
+            box.left + (node.pos[0] + ds.offset[0]) * ds.scale,
+            box.top + (node.pos[1] - titleHeight + ds.offset[1]) * ds.scale,
+            node.size[0] * ds.scale, (node.size[1] + titleHeight) * ds.scale,
+        ];
+        const panel = graph.getNodeById(node.id).stepcachePanel;
+        if (panel) panels[node.id] = rect(panel.getBoundingClientRect());
+    }
+    return { nodes, panels, vue: !!document.querySelector("[data-node-id]"), viewport: [innerWidth, innerHeight] };
+}
+"""
 
-    def __init__(self, page, server) -> None:
+# Of a panel's visible area, the points where another node is on top (Vue nodes are DOM elements
+# that can stack over the panel's element). The frontend's own overlays (toolbars, toasts) do not
+# count: they float over whatever is beneath.
+COVERED_POINTS_JS = """
+([id, steps]) => {
+    const panel = window.app.graph.getNodeById(id).stepcachePanel, r = panel.getBoundingClientRect();
+    const covered = [];
+    for (let i = 0; i <= steps; i++) for (let j = 0; j <= steps; j++) {
+        const x = r.left + 2 + (r.width - 4) * i / steps, y = r.top + 2 + (r.height - 4) * j / steps;
+        const owner = document.elementFromPoint(x, y)?.closest("[data-node-id]");
+        if (owner && owner.dataset.nodeId !== String(id)) covered.push([Math.round(x), Math.round(y), owner.dataset.nodeId]);
+    }
+    return covered;
+}
+"""
+
+
+def _overlap(a: list[float], b: list[float]) -> float:
+    width = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
+    height = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
+    return max(0.0, width) * max(0.0, height)
+
+
+class Frontend:
+    """One page of the real frontend in one node rendering, and the errors the extension raised."""
+
+    def __init__(self, page, server, rendering: str) -> None:
         self.page = page
         self.server = server
+        self.rendering = rendering
         self.errors: list[str] = []
         page.on("pageerror", lambda error: self._note(f"{error}\n{getattr(error, 'stack', '')}"))
         page.on("console", lambda message: message.type == "error" and self._note(message.text))
@@ -117,33 +190,57 @@ class Frontend:
             self.errors.append(text)
 
     def open(self) -> None:
+        post_settings(self.server, {VUE_NODES_SETTING: self.rendering == "vue"})
         self.page.goto(self.server.url)
         self.page.wait_for_function(
             "() => window.app?.graph && (window.app.extensions ?? []).some((e) => e.name === 'StepCache.Stats')",
             timeout=60_000,
         )
 
-    def run(self, graph: dict, name: str) -> str:
-        """Loads an API graph into the canvas, queues it from the page; the finished prompt's id."""
-        self.page.evaluate("async ([g, name]) => { await window.app.loadApiJson(g, name); }", [graph, name])
+    def load(self, name: str) -> dict:
+        """Opens example_workflows/<name>.json as a user does; returns what the frontend would queue."""
+        ui = json.loads((UI_DIR / f"{name}.json").read_text())
+        self.page.evaluate("async ([g, name]) => { await window.app.loadGraphData(g, true, true, name); }", [ui, name])
+        self.settle()
+        vue = self.page.evaluate("() => !!document.querySelector('[data-node-id]')")
+        assert vue == (self.rendering == "vue"), f"{name}: expected the {self.rendering} rendering"
+        return self.page.evaluate("async () => (await window.app.graphToPrompt()).output")
+
+    def settle(self) -> None:
+        """Two animation frames and a moment: node resizes and DOM widget moves happen on redraws."""
+        self.page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        self.page.wait_for_timeout(300)
+
+    def run(self, name: str) -> str:
+        """Loads a UI example, queues it from the page; the finished prompt's id.
+
+        The seeds move by the rendering's index first: the server runs each example once per
+        rendering, and a graph it ran already would come from its cache, with nothing to report."""
+        queued = self.load(name)
+        assert_queued_as_api_twin(queued, name, self.server)
+        self.page.evaluate(
+            """(offset) => { for (const node of window.app.graph.nodes) for (const widget of node.widgets ?? [])
+                if (["seed", "noise_seed"].includes(widget.name)) widget.value += offset; }""",
+            renderings().index(self.rendering),
+        )
         with self.page.expect_response(
             lambda r: r.url.endswith("/prompt") and r.request.method == "POST"
         ) as response:
             self.page.evaluate("async () => { await window.app.queuePrompt(0); }")
         assert response.value.ok, response.value.text()[:3000]
         prompt_id = response.value.json()["prompt_id"]
-        entry = self.server.wait(prompt_id, timeout=90)
+        entry = self.server.wait(prompt_id, timeout=120)
         assert entry["status"]["status_str"] == "success", entry["status"]
         return prompt_id
 
-    def node_id(self, class_type: str) -> int | str:
-        """The id the canvas gave the one node of this type (numeric API ids become numbers)."""
+    def node_id(self, title: str) -> int:
+        """The id of the node with this title (titles are unique in the examples)."""
         (found,) = self.page.evaluate(
-            "(type) => window.app.graph.nodes.filter((n) => n.type === type).map((n) => n.id)", class_type
+            "(title) => window.app.graph.nodes.filter((n) => n.title === title).map((n) => n.id)", title
         )
         return found
 
-    def panel(self, node_id: int | str, ready: str) -> dict:
+    def panel(self, node_id: int, ready: str) -> dict:
         """What the node's stepcache panel shows, once `ready` (a JS test on the element) holds."""
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -182,7 +279,7 @@ class Frontend:
         shown["node_heights"] = [before, self.page.evaluate(height, node_id)]
         return shown
 
-    def focus(self, node_id: int | str) -> None:
+    def focus(self, node_id: int) -> None:
         """Canvas at 100 % with the node near the top left, so the screenshot is readable."""
         self.page.evaluate(
             """(id) => {
@@ -194,27 +291,96 @@ class Frontend:
             }""",
             node_id,
         )
-        self.page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        self.settle()
+
+    def fit_all(self) -> None:
+        """The whole graph in the viewport (for the layout checks: points off screen hit nothing)."""
+        self.page.evaluate(
+            """() => {
+                const canvas = window.app.canvas, ds = canvas.ds, nodes = window.app.graph.nodes;
+                const left = Math.min(...nodes.map((n) => n.pos[0])) - 40;
+                const top = Math.min(...nodes.map((n) => n.pos[1])) - 80;
+                const right = Math.max(...nodes.map((n) => n.pos[0] + n.size[0])) + 40;
+                const bottom = Math.max(...nodes.map((n) => n.pos[1] + n.size[1])) + 300;
+                const box = canvas.canvas.getBoundingClientRect();
+                ds.scale = Math.min(box.width / (right - left), box.height / (bottom - top));
+                ds.offset[0] = -left;
+                ds.offset[1] = -top;
+                canvas.setDirty(true, true);
+            }"""
+        )
+        self.settle()
+
+    def assert_panels_uncovered(self, name: str, expected: int) -> dict:
+        """No node overlaps another (title bars included), no node covers a panel, in this rendering."""
+        self.fit_all()
+        geometry = self.page.evaluate(GEOMETRY_JS)
+        assert geometry["vue"] == (self.rendering == "vue")
+        nodes, panels = geometry["nodes"], geometry["panels"]
+        assert len(panels) == expected, f"{name}: panels on nodes {sorted(panels)}, expected {expected}"
+        titles = dict(self.page.evaluate("() => window.app.graph.nodes.map((n) => [String(n.id), n.title])"))
+        problems = []
+        for panel_id, panel in panels.items():
+            for other, rect in nodes.items():
+                if other != panel_id and _overlap(panel, rect) > 1:
+                    problems.append(f"the panel of {titles[panel_id]!r} is under {titles[other]!r}")
+            if geometry["vue"]:
+                covered = self.page.evaluate(COVERED_POINTS_JS, [int(panel_id), 8])
+                if covered:
+                    problems.append(f"the panel of {titles[panel_id]!r} is covered at {covered[:5]}")
+        ids = sorted(nodes)
+        for i, first in enumerate(ids):
+            for second in ids[i + 1:]:
+                if _overlap(nodes[first], nodes[second]) > 1:
+                    problems.append(f"{titles[first]!r} overlaps {titles[second]!r}")
+        assert not problems, f"{name} ({self.rendering}): " + "; ".join(problems)
+        return geometry
 
     def screenshot(self, tmp_path: pathlib.Path, name: str) -> pathlib.Path:
-        path = tmp_path / f"{name}.png"
+        path = tmp_path / f"{name}-{self.rendering}.png"
         self.page.screenshot(path=str(path))
         OUT_DIR.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, OUT_DIR / path.name)
         return path
 
+    def screenshot_clip(self, tmp_path: pathlib.Path, name: str, box: list[float]) -> pathlib.Path:
+        # An element screenshot waits for the element to be "stable", which a DOM widget the canvas
+        # repositions every frame never is: clip the page instead.
+        x, y, width, height = box
+        path = tmp_path / f"{name}-{self.rendering}.png"
+        self.page.screenshot(path=str(path), clip={"x": x, "y": y, "width": width, "height": height})
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, OUT_DIR / path.name)
+        return path
 
-@pytest.fixture
-def frontend(browser, ui_server):
+
+@pytest.fixture(params=renderings())
+def frontend(request, browser, ui_server):
     context = browser.new_context(viewport={"width": 1600, "height": 1000})
     context.set_default_timeout(30_000)
     try:
-        ui = Frontend(context.new_page(), ui_server)
+        ui = Frontend(context.new_page(), ui_server, request.param)
         ui.open()
         yield ui
         assert not ui.errors, "the extension raised errors in the page:\n" + "\n".join(ui.errors)
     finally:
         context.close()
+
+
+def assert_queued_as_api_twin(queued: dict, name: str, server) -> None:
+    """The frontend turns the UI file into its API twin: the same nodes, titles and inputs. (Of the
+    inputs, those the node declares: the server ignores any other, such as the display widget
+    "preview" that frontend 1.32 sends for PreviewAny.)"""
+    api = json.loads((API_DIR / f"{name}.json").read_text())
+    assert sorted(queued) == sorted(api), f"{name}: nodes {sorted(queued)} != {sorted(api)}"
+    for node_id, node in api.items():
+        sent = queued[node_id]
+        assert sent["class_type"] == node["class_type"], f"{name} node {node_id}"
+        declared = server.get(f"/object_info/{node['class_type']}")[node["class_type"]]["input"]
+        names = set(declared.get("required", {})) | set(declared.get("optional", {}))
+        inputs = {key: value for key, value in sent["inputs"].items() if key in names}
+        assert inputs == node["inputs"], f"{name} node {node_id} ({node['class_type']}): inputs"
+        assert sent.get("_meta", {}).get("title", node["_meta"]["title"]) == node["_meta"]["title"], name
 
 
 def assert_not_blank(path: pathlib.Path, min_stddev: float) -> None:
@@ -255,9 +421,8 @@ def assert_panel_matches_stats(shown: dict, run: dict) -> None:
 
 
 def test_magcache_panel_shows_the_servers_stats(frontend, ui_server, tmp_path):
-    graph = json.loads((WORKFLOWS / "demo_image_magcache.json").read_text())
-    prompt_id = frontend.run(graph, "demo_image_magcache")
-    cache = frontend.node_id("ApplyMagCache")
+    prompt_id = frontend.run("demo_image_magcache")
+    cache = frontend.node_id("Apply MagCache")
     (run,) = ui_server.get(f"/stepcache/stats?prompt_id={prompt_id}")
     assert run["node"] == str(cache) and run["method"] == "MagCache" and run["disabled_reason"] is None
     assert run["calls_skipped"] > 0, "the demo is meant to skip steps"
@@ -266,34 +431,37 @@ def test_magcache_panel_shows_the_servers_stats(frontend, ui_server, tmp_path):
     frontend.focus(cache)
     shown = frontend.panel(cache, "e.textContent.includes('block stack')")
     assert_panel_matches_stats(shown, run)
+    assert_not_blank(frontend.screenshot(tmp_path, "magcache"), min_stddev=10)
+    assert_not_blank(frontend.screenshot_clip(tmp_path, "magcache_panel", shown["box"]), min_stddev=5)
 
-    path = frontend.screenshot(tmp_path, "magcache")
-    assert_not_blank(path, min_stddev=10)
-    # The panel alone, clipped from the page: an element screenshot waits for the element to be
-    # "stable", which a DOM widget the canvas repositions every frame never is.
-    x, y, width, height = shown["box"]
-    panel_path = tmp_path / "magcache_panel.png"
-    frontend.page.screenshot(path=str(panel_path), clip={"x": x, "y": y, "width": width, "height": height})
-    shutil.copy(panel_path, OUT_DIR / panel_path.name)
-    assert_not_blank(panel_path, min_stddev=5)
+    frontend.assert_panels_uncovered("demo_image_magcache", expected=1)
+    frontend.screenshot(tmp_path, "magcache_graph")
 
 
-def test_calibrate_node_plots_the_measured_ratios(frontend, ui_server, tmp_path):
-    graph = json.loads((WORKFLOWS / "demo_image_calibrate_magcache.json").read_text())
-    prompt_id = frontend.run(graph, "demo_image_calibrate_magcache")
-    calibrate, cache = frontend.node_id("MagCacheCalibrate"), frontend.node_id("ApplyMagCache")
+def test_calibrate_node_shows_its_run_and_plots_the_measured_ratios(frontend, ui_server, tmp_path):
+    prompt_id = frontend.run("demo_image_calibrate_magcache")
+    calibrate, cache = frontend.node_id("MagCache Calibrate"), frontend.node_id("Apply MagCache")
     history = ui_server.get(f"/history/{prompt_id}")[prompt_id]
     series = history["outputs"][str(calibrate)]["stepcache_ratios"]
     branches = [s["branch"] for s in series]
     assert set(branches) == {"cond", "uncond"} and all(len(s["ratios"]) > 5 for s in series)
+    runs = {run["node"]: run for run in ui_server.get(f"/stepcache/stats?prompt_id={prompt_id}")}
+    assert sorted(runs) == sorted([str(calibrate), str(cache)]), runs
+    measured = runs[str(calibrate)]
+    assert measured["method"] == "measure"
 
     frontend.focus(calibrate)
-    shown = frontend.panel(calibrate, "!!e.querySelector('canvas.stepcache-ratio-plot')")
+    shown = frontend.panel(calibrate, "!!e.querySelector('canvas.stepcache-ratio-plot')"
+                                      " && e.textContent.includes('calibration run')")
     assert_panel_fits(shown)
-    assert shown["lines"] == [f"magnitude ratio per step ({' / '.join(branches)}); dashed = 1.0"]
+    assert shown["lines"] == [
+        f"calibration run: {measured['steps']} steps measured ({' / '.join(b['branch'] for b in measured['branches'])})",
+        measured["label"],
+        f"magnitude ratio per step ({' / '.join(branches)}); dashed = 1.0",
+    ]
     plot = frontend.page.evaluate(
-        """(colors) => {
-            const canvas = document.querySelector("canvas.stepcache-ratio-plot");
+        """([id, colors]) => {
+            const canvas = window.app.graph.getNodeById(id).stepcachePanel.querySelector("canvas.stepcache-ratio-plot");
             const box = canvas.getBoundingClientRect();
             const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
             const near = Object.fromEntries(Object.keys(colors).map((k) => [k, 0]));
@@ -307,15 +475,60 @@ def test_calibrate_node_plots_the_measured_ratios(frontend, ui_server, tmp_path)
             }
             return { painted, near, width: box.width, height: box.height };
         }""",
-        BRANCH_RGB,
+        [calibrate, BRANCH_RGB],
     )
     # Each branch's line crosses the plot: far more than a handful of pixels in its colour.
     assert plot["width"] > 100 and plot["height"] > 50, plot
     assert plot["painted"] > 500, plot
     assert all(plot["near"][b] > 50 for b in branches), plot
+    assert_not_blank(frontend.screenshot(tmp_path, "calibrate"), min_stddev=10)
 
     # The cached sampler of the same graph reports on its own node.
-    (run,) = [r for r in ui_server.get(f"/stepcache/stats?prompt_id={prompt_id}") if r["node"] == str(cache)]
-    assert_panel_matches_stats(frontend.panel(cache, "e.textContent.includes('block stack')"), run)
+    assert_panel_matches_stats(frontend.panel(cache, "e.textContent.includes('block stack')"), runs[str(cache)])
 
-    assert_not_blank(frontend.screenshot(tmp_path, "calibrate"), min_stddev=10)
+    frontend.assert_panels_uncovered("demo_image_calibrate_magcache", expected=2)
+    frontend.screenshot(tmp_path, "calibrate_graph")
+
+
+def sample_stats(node_id: int, steps: int = 30) -> dict:
+    """A run's stats as the server sends them: two CFG branches (the largest panel)."""
+    pattern = "CCCCCC" + "SC" * ((steps - 6) // 2) + "C" * ((steps - 6) % 2)
+    branches = [{"branch": b, "entries": 1, "steps_computed": pattern.count("C"),
+                 "steps_skipped": pattern.count("S"), "pattern": pattern} for b in ("cond", "uncond")]
+    computed = 2 * pattern.count("C")
+    return {"node": str(node_id), "label": "flux / flux.1-dev", "method": "MagCache", "steps": steps,
+            "branches": branches, "calls_computed": computed, "calls_skipped": 2 * steps - computed,
+            "stack_speedup": 2 * steps / computed, "disabled_reason": None, "summary": ""}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in UI_DIR.glob("*.json")))
+def test_every_example_is_queued_as_its_api_twin_and_keeps_its_panels_uncovered(frontend, name, tmp_path):
+    """All example graphs, the real-model ones included (this host has no model files to run them):
+    the panels a run would add are shown through the extension's own functions, at full size."""
+    queued = frontend.load(name)
+    assert_queued_as_api_twin(queued, name, frontend.server)
+    module = "/extensions/comfyui-stepcache/stepcache.js"
+    count = frontend.page.evaluate(
+        """async ([module, stats, ratios]) => {
+            const { showStats, showRatios } = await import(module);
+            let count = 0;
+            for (const node of window.app.graph.nodes) {
+                if (["ApplyMagCache", "ApplyTeaCache"].includes(node.type)) {
+                    showStats(node, { ...stats, node: String(node.id) });
+                    count++;
+                } else if (["MagCacheCalibrate", "TeaCacheCalibrate"].includes(node.type)) {
+                    showStats(node, { ...stats, node: String(node.id), method: "measure" });
+                    showRatios(node, ratios);
+                    count++;
+                }
+            }
+            return count;
+        }""",
+        [module, sample_stats(0), [{"branch": b, "ratios": [1.0 - 0.004 * i for i in range(30)]}
+                                   for b in ("cond", "uncond")]],
+    )
+    assert count >= 1
+    frontend.settle()
+    frontend.page.wait_for_timeout(300)
+    frontend.assert_panels_uncovered(name, expected=count)
+    frontend.screenshot(tmp_path, f"layout-{name}")

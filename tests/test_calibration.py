@@ -48,6 +48,7 @@ def test_measured_ratios_drive_applymagcache_at_any_step_count(host, flux):
         Job("flux", steps=steps).run(patched)
         run = stats(node_id)
         assert run["disabled_reason"] is None and run["steps"] == steps
+        assert run["constants"] == f"this model's calibration of {calibration.created}"
         assert all(len(b["pattern"]) == steps for b in run["branches"])
 
 
@@ -90,6 +91,12 @@ def test_a_saved_calibration_is_found_again_for_the_same_model(host, flux, caplo
     assert any("saved calibration" in r.getMessage() for r in caplog.records)
     Job("flux", steps=14).run(patched)
     assert stats(node_id)["disabled_reason"] is None
+    assert stats(node_id)["constants"] == f"this model's saved calibration of {calibration.created}"
+    # Published constants chosen by name are used as chosen, not the saved calibration.
+    chosen, node_id = apply(flux.clone(), "magcache", threshold=0.3, variant="flux.1-dev")
+    Job("flux", steps=14).run(chosen)
+    assert stats(node_id)["constants"] == ("published FLUX.1-dev ratios (Zehong-Ma/MagCache), "
+                                           "chosen with the variant input")
     # Other weights do not.
     other = host.test_module("tiny_models").build_model("flux", seed=12)
     assert store.find("magcache", store.model_identity(other, calibration_family(host, other), "auto")) is None
@@ -100,7 +107,7 @@ def calibration_family(host, model):
 
 
 def test_a_corrupt_saved_calibration_is_ignored_with_a_warning(host, caplog):
-    from harness.sampling import Job, apply, stats
+    from harness.sampling import Job, apply
 
     model = host.test_module("tiny_models").build_model("flux", seed=13)
     store = host.pack_module("nodes.calibration_store")
@@ -109,11 +116,11 @@ def test_a_corrupt_saved_calibration_is_ignored_with_a_warning(host, caplog):
     data = json.loads(path.read_text())
     data["measures"][3]["magnitude_ratio"] = float("nan")
     path.write_text(json.dumps(data))
-    with caplog.at_level(logging.WARNING, logger="stepcache"):
-        patched, node_id = apply(model, "magcache", threshold=0.06)
+    # Ignored: the tiny model, no published checkpoint, then has no ratios at all.
+    with caplog.at_level(logging.WARNING, logger="stepcache"), \
+            pytest.raises(ValueError, match="no MagCache ratios are published for this model"):
+        apply(model, "magcache", threshold=0.06)
     assert any("ignoring the saved calibration" in r.getMessage() for r in caplog.records)
-    Job("flux").run(patched)
-    assert stats(node_id)["label"] == "flux / flux.1-dev"  # the published FLUX table instead
 
 
 def test_a_calibration_of_another_model_is_refused_with_the_reason(host, flux):
@@ -194,3 +201,86 @@ def test_calibrating_an_unsupported_model_says_so(host):
     unet = host.test_module("tiny_models").build_sd15_unet()
     with pytest.raises(ValueError, match="nothing to calibrate"):
         calibrate(host, "MagCacheCalibrate", unet, Job("flux"))
+
+
+class WebSocketEvents:
+    """The events of one type that the server sends its test client (``server.client_id``) over /ws."""
+
+    def __init__(self, server, event: str) -> None:
+        import threading
+
+        self.url = server.url.replace("http://", "ws://") + f"/ws?clientId={server.client_id}"
+        self.event = event
+        self.received: list[dict] = []
+        self.connected = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.loop = None
+        self.socket = None
+
+    def __enter__(self) -> WebSocketEvents:
+        self.thread.start()
+        assert self.connected.wait(20), f"no websocket connection to {self.url}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.socket.close(), self.loop).result(10)
+        self.thread.join(10)
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> list[dict]:
+        """The events received, once there are ``count`` (the last one may trail the prompt's end)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while len(self.received) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return list(self.received)
+
+    def _run(self) -> None:
+        import asyncio
+
+        import aiohttp
+
+        async def listen() -> None:
+            self.loop = asyncio.get_running_loop()
+            async with aiohttp.ClientSession() as session, session.ws_connect(self.url) as socket:
+                self.socket = socket
+                self.connected.set()
+                async for message in socket:
+                    if message.type == aiohttp.WSMsgType.TEXT:
+                        data = json.loads(message.data)
+                        if data.get("type") == self.event:
+                            self.received.append(data["data"])
+
+        asyncio.run(listen())
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("node_name", ["MagCacheCalibrate", "TeaCacheCalibrate"])
+def test_a_calibration_run_reports_under_its_node_like_any_run(server, node_name):
+    """/stepcache/stats and the web UI's stepcache.stats event name the calibrate node (issue 13)."""
+    graph = {
+        "model": {"class_type": "StepCacheTestTinyModel", "inputs": {"family": "flux", "seed": 0}},
+        "pos": {"class_type": "StepCacheTestConditioning", "inputs": {"family": "flux", "seed": 1, "batch": 1}},
+        "neg": {"class_type": "StepCacheTestConditioning", "inputs": {"family": "flux", "seed": 2, "batch": 1}},
+        "latent": {"class_type": "StepCacheTestLatent",
+                   "inputs": {"family": "flux", "batch": 1, "scale": 1, "frames": 0}},
+        "calibrate": {"class_type": node_name, "inputs": {
+            "model": ["model", 0], "positive": ["pos", 0], "negative": ["neg", 0], "latent_image": ["latent", 0],
+            "seed": 7, "steps": 10, "cfg": 3.0, "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0,
+            "save_calibration": False}},
+        "save": {"class_type": "SaveLatent", "inputs": {"samples": ["calibrate", 0], "filename_prefix": "calib"}},
+    }
+    with WebSocketEvents(server, "stepcache.stats") as events:
+        prompt_id = server.queue(graph)
+        entry = server.wait(prompt_id, timeout=120)
+        assert entry["status"]["status_str"] == "success", entry["status"]
+        received = events.wait_for(1)
+
+    (run,) = server.get(f"/stepcache/stats?prompt_id={prompt_id}")
+    assert run["node"] == "calibrate" and run["method"] == "measure", run
+    assert run["steps"] == 10 and run["calls_skipped"] == 0 and run["label"].startswith("flux / ")
+    (event,) = received
+    assert event["node"] == "calibrate" and event["prompt_id"] == prompt_id
+    assert event == run  # the same report, as the UI gets it

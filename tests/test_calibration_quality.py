@@ -8,8 +8,9 @@ A "point" of a sweep is a threshold with the fraction of block-stack evaluations
 pack's own statistics) and the worst-case PSNR of the decoded images against the uncached ones.
 
 - TeaCache: the polynomial fitted by TeaCacheCalibrate beats both the unscaled signal (what a
-  family without published coefficients gets) and the published FLUX.1 polynomial (what this
-  FLUX-class model gets by default): among points skipping at least half of the evaluations, its
+  model without published coefficients gets, this one included) and the published FLUX.1-dev
+  polynomial (chosen by name: the model has FLUX.1's architecture, not its size): among points
+  skipping at least half of the evaluations, its
   best worst-case PSNR is strictly higher.
 - MagCache: the calibration beats running without one, for a model that has no published table:
   it keeps worst-case PSNR >= 30 dB while skipping >= 10% of the evaluations. And the
@@ -94,6 +95,8 @@ def sweep(ctx, method: str, calibration: object | None) -> list[Point]:
         inputs = {**fixed, "threshold": threshold}
         if calibration is not None:
             inputs[CALIBRATION_INPUT[method]] = calibration
+        else:  # the published FLUX.1-dev constants, chosen by name
+            inputs["variant"] = "flux.1-dev"
         patched, node_id = ctx.sampling.apply(ctx.model, method, **inputs)
         settings = ctx.installed(patched)
         own = settings.method.ratios if method == "magcache" else settings.method.coefficients

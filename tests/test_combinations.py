@@ -29,6 +29,13 @@ def log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     return caplog
 
 
+def magcache(model, **inputs):
+    """ApplyMagCache with a published table chosen by name (tiny models are no published checkpoint)."""
+    from harness.sampling import apply, published_variant
+
+    return apply(model, "magcache", variant=published_variant(model), **inputs)
+
+
 def with_lora(model, seed: int = 5):
     """A LoRA-style weight patch (a low-rank diff) on one attention weight, as LoraLoader adds."""
     key = "diffusion_model.double_blocks.0.img_attn.qkv.weight"
@@ -42,7 +49,7 @@ def with_lora(model, seed: int = 5):
 
 @pytest.mark.parametrize("order", ["lora_then_cache", "cache_then_lora"])
 def test_lora_before_or_after_the_cache_node(tiny, order):
-    from harness.sampling import Job, apply, stats
+    from harness.sampling import Job, stats
 
     base = tiny.build_model("flux", seed=0)
     job = Job("flux")
@@ -50,17 +57,17 @@ def test_lora_before_or_after_the_cache_node(tiny, order):
     assert not torch.equal(lora_reference, job.run(base))  # the LoRA does change the output
 
     if order == "lora_then_cache":
-        never, _ = apply(with_lora(base), "magcache", threshold=0.0)
-        forced, node = apply(with_lora(base), "magcache", **FORCED)
+        never, _ = magcache(with_lora(base), threshold=0.0)
+        forced, node = magcache(with_lora(base), **FORCED)
     else:
-        never = with_lora(apply(base, "magcache", threshold=0.0)[0])
-        forced_cache, node = apply(base, "magcache", **FORCED)
+        never = with_lora(magcache(base, threshold=0.0)[0])
+        forced_cache, node = magcache(base, **FORCED)
         forced = with_lora(forced_cache)
     assert torch.equal(job.run(never), lora_reference)
     out = job.run(forced)
     assert stats(node)["calls_skipped"] > 0
     # Both orders give the same model: LoRA'd weights, cached blocks.
-    other, _ = apply(with_lora(base), "magcache", **FORCED)
+    other, _ = magcache(with_lora(base), **FORCED)
     assert torch.equal(out, job.run(other))
 
 
@@ -71,7 +78,7 @@ def test_lora_before_or_after_the_cache_node(tiny, order):
 def test_model_sampling_shift_before_or_after_the_cache_node(tiny, family, method, shift_node, shift):
     import nodes
 
-    from harness.sampling import Job, apply, stats
+    from harness.sampling import Job, apply, published_variant, stats
 
     def shifted(model):
         return nodes.NODE_CLASS_MAPPINGS[shift_node]().patch(model, **shift)[0]
@@ -80,12 +87,13 @@ def test_model_sampling_shift_before_or_after_the_cache_node(tiny, family, metho
     job = Job(family)
     reference = job.run(shifted(base))
     assert not torch.equal(reference, job.run(base))
-    assert torch.equal(job.run(apply(shifted(base), method, threshold=0.0)[0]), reference)
-    assert torch.equal(job.run(shifted(apply(base, method, threshold=0.0)[0])), reference)
+    variant = {"variant": published_variant(base)} if method == "magcache" else {}
+    assert torch.equal(job.run(apply(shifted(base), method, threshold=0.0, **variant)[0]), reference)
+    assert torch.equal(job.run(shifted(apply(base, method, threshold=0.0, **variant)[0])), reference)
 
     forced = FORCED if method == "magcache" else FORCED_TEACACHE
-    after, node_after = apply(shifted(base), method, **forced)
-    before, node_before = apply(base, method, **forced)
+    after, node_after = apply(shifted(base), method, **forced, **variant)
+    before, node_before = apply(base, method, **forced, **variant)
     out_after, out_before = job.run(after), job.run(shifted(before))
     assert torch.equal(out_after, out_before)  # the cache reads the shifted schedule either way
     assert stats(node_after)["calls_skipped"] > 0
@@ -96,15 +104,15 @@ def test_model_sampling_shift_before_or_after_the_cache_node(tiny, family, metho
 def test_comfyuis_own_cache_on_the_same_model_turns_ours_off_with_the_reason(tiny, log, native):
     import nodes
 
-    from harness.sampling import Job, apply, stats
+    from harness.sampling import Job, stats
 
     base = tiny.build_model("flux", seed=0)
     native_node = nodes.NODE_CLASS_MAPPINGS[native]
     for order in ("native_first", "ours_first"):
         if order == "native_first":
-            model, node = apply(native_node.execute(base, 0.2, 0.15, 0.95, False).result[0], "magcache", **FORCED)
+            model, node = magcache(native_node.execute(base, 0.2, 0.15, 0.95, False).result[0], **FORCED)
         else:
-            ours, node = apply(base, "magcache", **FORCED)
+            ours, node = magcache(base, **FORCED)
             model = native_node.execute(ours, 0.2, 0.15, 0.95, False).result[0]
         log.clear()
         Job("flux").run(model)
@@ -117,10 +125,10 @@ def test_comfyuis_own_cache_on_the_same_model_turns_ours_off_with_the_reason(tin
 def test_a_model_unloaded_between_runs_caches_the_same(tiny):
     import comfy.model_management
 
-    from harness.sampling import Job, apply, stats
+    from harness.sampling import Job, stats
 
     base = tiny.build_model("wan21", seed=0)
-    patched, node = apply(base, "magcache", **FORCED)
+    patched, node = magcache(base, **FORCED)
     job = Job("wan21", frames=3)
     first = job.run(patched)
     pattern = stats(node)["branches"]

@@ -41,6 +41,15 @@ TINY_FAMILY = {
     "hunyuan_video_magcache": "hunyuan_video",
     "qwen_image_magcache": "qwen_image",
 }
+# The variant auto detects for each workflow's real checkpoint at the workflow's size. A tiny
+# stand-in is no published checkpoint (auto gives it no published constants), so its graph names
+# that variant, as a user would for a fine-tune.
+REAL_VARIANT = {
+    "flux1_dev_magcache": "flux.1-dev",
+    "wan21_t2v_magcache": "wan2.1-t2v-1.3b",
+    "hunyuan_video_magcache": "hunyuanvideo-544p",  # 848 x 480: the 544p table
+    "qwen_image_magcache": "qwen-image",
+}
 # The demo graphs need no downloads and run unchanged in tests/test_server.py.
 DEMO_PREFIX = "demo_"
 # Pixels per latent cell of each empty-latent node, to ask it for the tiny model's latent size.
@@ -165,7 +174,7 @@ def test_ui_workflow_is_valid_for_the_real_comfyui(path, classes):
         if node["type"] in FRONTEND_ONLY:
             assert isinstance(node["widgets_values"][0], str) and node["widgets_values"][0].strip()
             continue
-        assert node["type"] in classes, f"{where}: no such node in ComfyUI 0.3.75 with the pack loaded"
+        assert node["type"] in classes, f"{where}: no such node in this ComfyUI with the pack loaded"
         node_class = classes[node["type"]]
         specs = {name: (kind, options) for name, kind, options in input_specs(node_class)}
 
@@ -196,8 +205,13 @@ def test_ui_workflow_is_valid_for_the_real_comfyui(path, classes):
             if kind == "BOOLEAN":
                 assert isinstance(value, bool), f"{where}: {name}"
 
-        outputs = [output["type"] for output in node.get("outputs", [])]
-        assert outputs == [type_name(t) for t in node_class.RETURN_TYPES], f"{where}: outputs"
+        if "outputs" in node:
+            outputs = [output["type"] for output in node["outputs"]]
+            assert outputs == [type_name(t) for t in node_class.RETURN_TYPES], f"{where}: outputs"
+        else:
+            # The frontend gives the node its definition's outputs. Only for output nodes, which
+            # link nothing onwards and gained outputs in 0.30.0 (SaveImage, PreviewAny, ...).
+            assert getattr(node_class, "OUTPUT_NODE", False), f"{where}: outputs"
 
     # Links: both ends agree, types match (or the input takes anything).
     for link_id, origin, origin_slot, target, target_slot, kind in ui["links"]:
@@ -208,6 +222,25 @@ def test_ui_workflow_is_valid_for_the_real_comfyui(path, classes):
     referenced = {slot["link"] for n in ui["nodes"] for slot in n.get("inputs", []) if slot["link"] is not None}
     referenced |= {i for n in ui["nodes"] for out in n.get("outputs", []) for i in out["links"]}
     assert referenced == {link[0] for link in ui["links"]}
+
+
+@pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.stem)
+def test_every_node_has_a_unique_human_title_the_same_in_both_formats(path, classes):
+    """Clients address nodes by title (issue 13): one title per node, what the UI shows, in both files."""
+    import nodes
+
+    ui = json.loads(path.read_text())
+    api = json.loads((API_DIR / path.name).read_text())
+    titles = [node.get("title") for node in ui["nodes"]]
+    assert all(titles), f"{path.stem}: untitled nodes: {[n['type'] for n in ui['nodes'] if not n.get('title')]}"
+    assert len(set(titles)) == len(titles), f"{path.stem}: titles used twice: {sorted(titles)}"
+    for node in ui["nodes"]:
+        if node["type"] in FRONTEND_ONLY:
+            continue
+        assert api[str(node["id"])]["_meta"]["title"] == node["title"]
+        # A class id is not a title, unless the node's own display name is its id (KSampler).
+        display_name = nodes.NODE_DISPLAY_NAME_MAPPINGS.get(node["type"], node["type"])
+        assert node["title"] != node["type"] or display_name == node["type"], f"{path.stem}: {node['title']}"
 
 
 @pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.stem)
@@ -297,6 +330,9 @@ def test_api_workflow_runs_on_the_server_with_tiny_models(path, server, host):
     assert not {node["class_type"] for node in graph.values()} & (FILE_LOADERS | DECODERS | {"CLIPTextEncode"})
     cache_ids = {node_id for node_id, node in graph.items() if node["class_type"] in CACHE_NODES}
     assert cache_ids == {i for i, n in original.items() if n["class_type"] in CACHE_NODES}, "the user's cache nodes"
+    for node_id in cache_ids:
+        if graph[node_id]["inputs"].get("variant") == "auto" and path.stem in REAL_VARIANT:
+            graph[node_id]["inputs"]["variant"] = REAL_VARIANT[path.stem]
 
     prompt_id = server.queue(graph)
     entry = server.wait(prompt_id, timeout=120)
@@ -316,5 +352,7 @@ def test_api_workflow_runs_on_the_server_with_tiny_models(path, server, host):
             # With published ratios MagCache skips by the table, whatever the weights. (Ratios
             # calibrated on a random tiny model may allow no skip at the workflow's threshold.)
             assert run["calls_skipped"] > 0, run
+            assert run["constants"].startswith("published ") and run["constants"].endswith(
+                ", chosen with the variant input"), run
     if any(node["class_type"] == "MagCacheCalibrate" for node in graph.values()):
         assert [run["method"] for run in runs].count("measure") == 1

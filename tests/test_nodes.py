@@ -50,12 +50,17 @@ def test_a_variant_of_another_family_is_refused(flux):
         apply(flux, "teacache", variant="wan2.1-t2v-14b")
 
 
-def test_a_variant_override_is_used(flux):
+def test_a_variant_override_is_used_and_reported_as_the_users_choice(flux):
     from harness.sampling import Job, apply, stats
 
     patched, node_id = apply(flux, "magcache", variant="flux.1-kontext")
     Job("flux").run(patched)
-    assert stats(node_id)["label"] == "flux / flux.1-kontext"
+    run_stats = stats(node_id)
+    # The label still says what the model is: not FLUX.1 Kontext, whose shape it does not have.
+    assert run_stats["label"] == "flux / flux-architecture model (not a published checkpoint)"
+    assert run_stats["constants"] == ("published FLUX.1-Kontext-dev ratios (Zehong-Ma/MagCache), "
+                                      "chosen with the variant input")
+    assert run_stats["calls_skipped"] > 0
 
 
 def test_start_after_end_is_a_validation_error(host):
@@ -74,10 +79,11 @@ def test_widget_ranges_refuse_negative_thresholds(host):
 
 
 def run_disabled(model, job, **apply_inputs):
-    from harness.sampling import apply, stats
+    from harness.sampling import apply, pack, stats
 
+    variant = pack("families").family_for(model.model).variants[0].name  # published ratios, chosen by hand
     patched, node_id = apply(model, "magcache", threshold=5.0, max_consecutive_skips=50, retention_ratio=0.0,
-                             **apply_inputs)
+                             variant=variant, **apply_inputs)
     return job.run(patched), stats(node_id)
 
 
@@ -130,7 +136,8 @@ def test_reapplying_replaces_the_cache_and_keeps_another_packs_block_patch(flux)
     with_other = flux.clone()
     with_other.set_model_patch_replace(other_pack_patch, "dit", "double_block", 1)
     once, _ = apply(with_other, "teacache", threshold=0.5)
-    twice, node_id = apply(once, "magcache", threshold=0.3, max_consecutive_skips=3, retention_ratio=0.1)
+    twice, node_id = apply(once, "magcache", threshold=0.3, max_consecutive_skips=3, retention_ratio=0.1,
+                           variant="flux.1-dev")
     hook = twice.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 1)]
     assert hook.previous is other_pack_patch
     Job("flux").run(twice)
@@ -156,7 +163,8 @@ def test_controlnet_turns_skipping_off_so_its_additions_are_not_counted_twice(ho
         return nodes.common_ksampler(model, job.seed, job.steps, job.cfg, job.sampler, job.scheduler,
                                      positive, negative, job.latent())[0]["samples"]
 
-    patched, node_id = apply(flux, "magcache", threshold=5.0, max_consecutive_skips=50, retention_ratio=0.0)
+    patched, node_id = apply(flux, "magcache", threshold=5.0, max_consecutive_skips=50, retention_ratio=0.0,
+                             variant="flux.1-dev")
     out = run(patched)
     assert "ControlNet" in stats(node_id)["disabled_reason"]
     assert torch.equal(out, run(flux))

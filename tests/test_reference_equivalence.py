@@ -86,7 +86,7 @@ def test_teacache_signal_and_decisions_equal_the_published_formula(host):
     job = Job("flux", cfg=1.0, steps=20)
     threshold, max_skips = 0.3, 3
     patched, node_id = install(model, "teacache", threshold=threshold, max_consecutive_skips=max_skips,
-                               record_trace=True)
+                               variant="flux.1-dev", record_trace=True)
     dit = patched.model_options["transformer_options"]["patches_replace"]["dit"]
     hook = dit[("double_block", 0)]
     dit[("double_block", 0)] = record_modulated_input

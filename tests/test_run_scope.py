@@ -23,8 +23,6 @@ import torch
 
 FAMILIES = ["flux", "wan21", "lumina2"]
 VIDEO_FAMILIES = {"wan21", "hunyuan_video"}
-# Families without published MagCache ratios get FLUX.1-dev's table (only the mechanics matter).
-BORROWS_RATIOS = {"lumina2"}
 # Families ComfyUI gives no block hooks: cached in output space (a DIFFUSION_MODEL wrapper).
 OUTPUT_SPACE = {"lumina2"}
 # Huge threshold, no limit on consecutive skips, no retention: every step wants to skip, so a run
@@ -76,10 +74,10 @@ def build(h: SimpleNamespace, family: str, seed: int = 0) -> Any:
 
 
 def forced(h: SimpleNamespace, model: Any, family: str, **overrides: Any) -> tuple[Any, str]:
-    """ApplyMagCache (the node's own execute) with settings that skip nearly every step."""
-    inputs: dict[str, Any] = {**FORCED_SKIP, **overrides}
-    if family in BORROWS_RATIOS:
-        inputs["ratios"] = h.flux_dev
+    """ApplyMagCache (the node's own execute) with settings that skip nearly every step. Tiny models
+    are no published checkpoint: they get FLUX.1-dev's table as a connected input (only the
+    mechanics matter)."""
+    inputs: dict[str, Any] = {**FORCED_SKIP, "ratios": h.flux_dev, **overrides}
     return h.sampling.apply(model, "magcache", **inputs)
 
 

@@ -68,7 +68,29 @@ def test_tiny_wan_checkpoint_loads_through_the_real_unet_loader(server, host):
     assert torch.isfinite(latent).all()
 
 
+GENERIC_FLUX = "flux / flux-architecture model (not a published checkpoint)"
+CHOSEN_FLUX_RATIOS = "published FLUX.1-dev ratios (Zehong-Ma/MagCache), chosen with the variant input"
+
+
 def test_cached_graph_over_http_reports_its_stats(server):
+    graph = tiny_graph("flux", steps=12)
+    graph["cache"] = {"class_type": "ApplyMagCache", "inputs": {
+        "model": ["model", 0], "threshold": 0.5, "max_consecutive_skips": 4, "retention_ratio": 0.1,
+        "cache_device": "main_device", "variant": "flux.1-dev"}}
+    graph["sampler"]["inputs"]["model"] = ["cache", 0]
+    prompt_id = server.queue(graph)
+    entry = server.wait(prompt_id)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    (run,) = server.get(f"/stepcache/stats?prompt_id={prompt_id}")
+    # The label says what the model is; the constants, whose they are and that they were chosen.
+    assert run["node"] == "cache" and run["label"] == GENERIC_FLUX
+    assert run["constants"] == CHOSEN_FLUX_RATIOS
+    assert {b["branch"] for b in run["branches"]} == {"cond", "uncond"}
+    assert run["calls_computed"] + run["calls_skipped"] == 12 and run["calls_skipped"] > 0
+    assert f"[StepCache] {GENERIC_FLUX}: MagCache ({CHOSEN_FLUX_RATIOS}): cond: skipped" in server.log()
+
+
+def test_a_model_without_published_ratios_is_refused_by_applymagcache_on_auto(server):
     graph = tiny_graph("flux", steps=12)
     graph["cache"] = {"class_type": "ApplyMagCache", "inputs": {
         "model": ["model", 0], "threshold": 0.5, "max_consecutive_skips": 4, "retention_ratio": 0.1,
@@ -76,12 +98,10 @@ def test_cached_graph_over_http_reports_its_stats(server):
     graph["sampler"]["inputs"]["model"] = ["cache", 0]
     prompt_id = server.queue(graph)
     entry = server.wait(prompt_id)
-    assert entry["status"]["status_str"] == "success", entry["status"]
-    (run,) = server.get(f"/stepcache/stats?prompt_id={prompt_id}")
-    assert run["node"] == "cache" and run["label"] == "flux / flux.1-dev"
-    assert {b["branch"] for b in run["branches"]} == {"cond", "uncond"}
-    assert run["calls_computed"] + run["calls_skipped"] == 12 and run["calls_skipped"] > 0
-    assert "[StepCache] flux / flux.1-dev: MagCache" in server.log()
+    assert entry["status"]["status_str"] == "error"
+    (error,) = [m[1] for m in entry["status"]["messages"] if m[0] == "execution_error"]
+    assert error["node_id"] == "cache" and not server.get(f"/stepcache/stats?prompt_id={prompt_id}")
+    assert f"no MagCache ratios are published for this model ({GENERIC_FLUX})" in error["exception_message"]
 
 
 def test_stats_name_the_node_of_this_prompt_when_another_had_equal_inputs(server):
@@ -90,7 +110,7 @@ def test_stats_name_the_node_of_this_prompt_when_another_had_equal_inputs(server
     graph = tiny_graph("flux", steps=12, cfg=2.0)
     cache = {"class_type": "ApplyMagCache", "inputs": {
         "model": ["model", 0], "threshold": 0.5, "max_consecutive_skips": 4, "retention_ratio": 0.1,
-        "cache_device": "main_device", "variant": "auto"}}
+        "cache_device": "main_device", "variant": "flux.1-dev"}}
     for node_id in ("first-cache", "second-cache"):
         other = {k: v for k, v in graph.items()} | {node_id: cache}
         other["sampler"] = {**graph["sampler"], "inputs": {**graph["sampler"]["inputs"], "model": [node_id, 0]}}
@@ -182,7 +202,8 @@ def test_the_readme_headless_example_runs_and_prints_the_cache_stats(server, tmp
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "status: success" in done.stdout
-    summary = re.search(r"node \S+: MagCache: .*block stack ran (\d+)/(\d+) calls", done.stdout)
+    summary = re.search(r"node \S+: MagCache \(published FLUX.1-dev ratios \(Zehong-Ma/MagCache\), chosen with "
+                        r"the variant input\): .*block stack ran (\d+)/(\d+) calls", done.stdout)
     assert summary, done.stdout
     computed, total = map(int, summary.groups())
     assert 0 < computed < total  # the demo workflow does skip

@@ -1,13 +1,28 @@
 // StepCache web extension: after a run, show on each Apply TeaCache / Apply MagCache node what the
 // cache did (steps computed and skipped per CFG branch, the block-stack speedup), and on the
-// calibrate nodes a plot of the measured ratios. Uses the frontend's public extension API and the
-// server's "stepcache.stats" event; adds one display-only widget that is never saved in workflows.
+// calibrate nodes what they measured (the run, and a plot of the ratios). Uses the frontend's public
+// extension API and the server's "stepcache.stats" event; adds one display-only widget that is
+// never saved in workflows. Works in both node renderings: the classic canvas, and Nodes 2.0
+// (Vue), which mounts the widget's element inside the node and sizes the node to it.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
 const STATS_EVENT = "stepcache.stats";
 const CALIBRATE_NODES = new Set(["MagCacheCalibrate", "TeaCacheCalibrate"]);
 const BRANCH_COLORS = { cond: "#4ea1ff", uncond: "#ff9f43" };
+
+// One section of the node's panel ("stats": what the run did; "plot": the measured ratios), in
+// that order, created on first use, so that each event replaces only its own part.
+function section(node, name) {
+  const content = panel(node);
+  let part = content.querySelector(`:scope > .stepcache-${name}`);
+  if (!part) {
+    part = document.createElement("div");
+    part.className = `stepcache-${name}`;
+    content.insertBefore(part, name === "stats" ? content.firstChild : null);
+  }
+  return part;
+}
 
 // The panel's content box (inside the DOM widget's element), created on first use.
 function panel(node) {
@@ -67,9 +82,13 @@ function resize(node) {
 }
 
 export function showStats(node, stats) {
-  const content = panel(node);
+  const content = section(node, "stats");
   content.replaceChildren();
-  if (stats.disabled_reason) {
+  if (stats.method === "measure") {
+    // A calibration run computes every step: what it measured, not what it skipped.
+    const branches = stats.branches.map((b) => b.branch).join(" / ");
+    content.appendChild(line(`calibration run: ${stats.steps} steps measured (${branches})`));
+  } else if (stats.disabled_reason) {
     content.appendChild(line(`uncached this run: ${stats.disabled_reason}`, { color: "#f0c674" }));
   } else {
     for (const branch of stats.branches) {
@@ -89,7 +108,7 @@ export function showStats(node, stats) {
 }
 
 export function showRatios(node, series) {
-  const content = panel(node);
+  const content = section(node, "plot");
   content.replaceChildren();
   const canvas = document.createElement("canvas");
   canvas.className = "stepcache-ratio-plot";

@@ -110,8 +110,8 @@ class Pair:
 
 @dataclass(frozen=True)
 class Config:
-    """One cache configuration. ``constants``: "published" (the detected variant's published
-    numbers, ``auto``) or "calibrated" (this model's MagCacheCalibrate/TeaCacheCalibrate) for the
+    """One cache configuration. ``constants``: "published" (FLUX.1-dev's published numbers, chosen
+    with the node's variant input) or "calibrated" (this model's MagCacheCalibrate/TeaCacheCalibrate) for the
     pack; None for the native nodes and uncached. ``as_is``: a native node without the
     bf16-cast copy of its input (a diagnostic row only)."""
 

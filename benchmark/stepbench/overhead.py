@@ -40,7 +40,7 @@ from comfy.patcher_extension import WrappersMP
 from harness import host as host_module
 from harness import sampling as harness_sampling
 
-from .runner import PROBE_WRAPPER_KEY, MemoryProbe
+from .runner import PROBE_WRAPPER_KEY, PUBLISHED_VARIANT, MemoryProbe
 
 NO_SKIP_THRESHOLD = 1e-9
 TIMER_WRAPPER_KEY = "stepbench-call-timer"
@@ -148,13 +148,15 @@ def run_overhead(spec: OverheadSpec, progress: Callable[[str], None]) -> dict:
             return model, None
         if probe is not None:
             model.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, PROBE_WRAPPER_KEY, probe)
+        # The model is FLUX.1-format but no published checkpoint: FLUX.1-dev's constants by name.
         if name == "magcache no-skip":
             return harness_sampling.apply(model, "magcache", threshold=NO_SKIP_THRESHOLD, max_consecutive_skips=2,
-                                          retention_ratio=0.2)
+                                          retention_ratio=0.2, variant=PUBLISHED_VARIANT)
         if name == "teacache no-skip":
-            return harness_sampling.apply(model, "teacache", threshold=NO_SKIP_THRESHOLD, max_consecutive_skips=3)
+            return harness_sampling.apply(model, "teacache", threshold=NO_SKIP_THRESHOLD, max_consecutive_skips=3,
+                                          variant=PUBLISHED_VARIANT)
         return harness_sampling.apply(model, "magcache", threshold=spec.skip_threshold,
-                                      max_consecutive_skips=spec.skip_k, retention_ratio=0.2)
+                                      max_consecutive_skips=spec.skip_k, retention_ratio=0.2, variant=PUBLISHED_VARIANT)
 
     names = ["unpatched", "magcache no-skip", "teacache no-skip", "magcache skipping"]
     info: dict[str, dict] = {name: {} for name in names}

@@ -270,9 +270,9 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
         "- **Models**: " + "; ".join(
             f"the reference {kind} model, `demo.models.load_model(\"{kind}\")` ({desc})"
             for kind, desc in _models(meta).items())
-        + ". The image model is detected by the pack as flux / flux.1-schnell, so *published* means the FLUX.1 "
-        "TeaCache polynomial and MagCache ratio table (node variant `auto`); the video model as Wan 2.1 (its "
-        "published Wan 2.1 1.3B constants).",
+        + ". The image model is detected by the pack as a flux-architecture model (not a published checkpoint); "
+        "*published* means FLUX.1-dev's TeaCache polynomial and MagCache ratio table, chosen with the Apply "
+        "nodes' variant input (`flux.1-dev`); the video model as Wan 2.1 (its published Wan 2.1 1.3B constants).",
         f"- **Sampler settings**: {', '.join(dict.fromkeys(s['setting']['name'] + ' (' + s['setting']['scheduler'] + ')' for s in data['settings']))}; "
         "negative = the model's null embedding (real cond + uncond model calls, batched by ComfyUI).",
         f"- **Evaluation**: classes {plan['classes']} x seeds {plan['seeds']}, batch {plan['batch']} "

@@ -29,6 +29,11 @@ from .configs import Config, Pair, Plan, SamplerSetting
 
 COPY_WRAPPER_KEY = "stepbench-bf16-cast-copy"
 PROBE_WRAPPER_KEY = "stepbench-memory-probe"
+# The "published" rows: the FLUX.1 tables, which the pack gives the reference model only by name.
+# The reference models are no published checkpoints: the Apply nodes' variant input names the
+# published constants they are measured with.
+PUBLISHED_VARIANTS = {"image": "flux.1-dev", "video": "wan2.1-t2v-1.3b"}
+PUBLISHED_VARIANT = PUBLISHED_VARIANTS["image"]
 NATIVE_START, NATIVE_END = 0.15, 0.95  # the native nodes' defaults
 LOGGER = logging.getLogger("stepbench")
 
@@ -245,6 +250,8 @@ class Bench:
                 inputs["retention_ratio"] = config.retention
             if config.constants == "calibrated":
                 inputs["ratios" if config.method == "magcache" else "coefficients"] = calibrations[config.method]
+            else:
+                inputs["variant"] = PUBLISHED_VARIANTS[self.kind]
             patched, node_id = harness_sampling.apply(model, config.method, **inputs)
             settings = self.runtime.installed_settings(patched)
             uses_own = getattr(settings.method, "ratios", None) is not None or getattr(settings.method, "coefficients", None) is not None

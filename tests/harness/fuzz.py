@@ -176,8 +176,14 @@ class Driver:
                                   "forecast_damping": damping, "cfg_branches": spec.cfg_branches,
                                   "check": spec.check[0], "check_tolerance": spec.check[1]}
         family = self.families.family_for(self.base_model(spec.family).model)
-        if spec.method == "magcache" and not any(v.magcache is not None for v in family.variants):
-            inputs["ratios"] = self.borrowed_ratios  # only the mechanics matter on random weights
+        if spec.method == "magcache":
+            # Tiny models are no published checkpoint: a published table chosen by name where the
+            # family has one, else FLUX.1-dev's (only the mechanics matter on random weights).
+            published = [v.name for v in family.variants if v.magcache is not None]
+            if published:
+                inputs["variant"] = published[0]
+            else:
+                inputs["ratios"] = self.borrowed_ratios
         if spec.threshold >= 5.0:
             inputs["max_consecutive_skips"] = 100
             if spec.method == "magcache":

@@ -123,6 +123,14 @@ def apply(model: Any, method: str, **inputs: Any) -> tuple[Any, str]:
 RUN_SETTINGS = ("variant", "cache_device", "record_trace")
 
 
+def published_variant(model: Any, method: str = "magcache") -> str:
+    """A variant of the model's family with published constants for ``method``. Tiny models are no
+    published checkpoint, so a test that wants a published table chooses it by name, as a user
+    does for a fine-tune."""
+    family = pack("families").family_for(model.model)
+    return next(v.name for v in family.variants if v.published(method) is not None)
+
+
 def install(model: Any, method: str, **settings: Any) -> tuple[Any, str]:
     """Install with explicit settings (tests that need knobs the nodes do not expose): ``method``
     "teacache", "magcache" or "measure" (a calibration's run, without a recorder), keywords of its cache_core.methods config or of CacheSettings."""

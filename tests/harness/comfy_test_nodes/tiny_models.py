@@ -81,7 +81,9 @@ class TinyFamily:
     name: str
     config_class: str  # the comfy.supported_models class detection must pick for the template
     family: str  # the pack's family (families.FAMILIES) that must claim the model
-    variant: str  # the variant the pack must detect for a 12-step run (tests/test_families.py)
+    # The variant the pack must detect for a 12-step run (tests/test_families.py). A tiny model is
+    # no published checkpoint: in a family with published constants it is the generic variant.
+    variant: str
     latent_channels: int
     # (H, W) for 4-D latents; (T, H, W) for 5-D ones: video models, and the image models that
     # ComfyUI runs on 5-D latents with T=1 (Qwen-Image, Cosmos-Predict2).
@@ -89,6 +91,9 @@ class TinyFamily:
     context_dim: int
     context_tokens: int = 8
     extra_cond: ExtraCond = field(default=_no_extra)
+    # What else this ComfyUI must do for the cache to drive the model (feature detection), when
+    # having the class is not enough: Wan 2.2 S2V's blocks get transformer_options from 0.30.0 on.
+    requires: Callable[[], bool] | None = None
 
     @property
     def is_video(self) -> bool:
@@ -100,8 +105,9 @@ class TinyFamily:
         return _template(self.name)
 
     def available(self) -> bool:
-        """Whether this ComfyUI has the model class (some families exist only in newer ones)."""
-        return hasattr(comfy.supported_models, self.config_class)
+        """Whether this ComfyUI has the model class (some families exist only in newer ones) and
+        does what ``requires`` asks."""
+        return hasattr(comfy.supported_models, self.config_class) and (self.requires is None or self.requires())
 
 
 @functools.cache
@@ -135,7 +141,7 @@ def _pooled(dim: int, **extra: object) -> ExtraCond:
 register(TinyFamily(
     name="flux",
     config_class="Flux",
-    family="flux", variant="flux.1-dev",
+    family="flux", variant="flux-architecture",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(32, guidance=3.5),
 ))
 
@@ -148,13 +154,23 @@ register(TinyFamily(
     latent_channels=128, latent_spatial=(8, 8), context_dim=64, extra_cond=_pooled(0, guidance=4.0),
 ))
 
+# LongCat-Image (ComfyUI 0.30.0): FLUX.1's blocks without guidance embedding or pooled vector,
+# text from Qwen2.5-VL. Detection keys the class on that text width (3584; 64 here), so the
+# template names the class.
+register(TinyFamily(
+    name="longcat_image",
+    config_class="LongCatImage",
+    family="flux", variant="longcat-image",
+    latent_channels=16, latent_spatial=(16, 16), context_dim=64,
+))
+
 # Chroma: Flux blocks without per-block modulation; an "approximator" MLP makes all modulation
 # vectors at once. Its input width (64 = 16 timestep + 16 guidance + 32 index) is hard-coded,
 # and its output width must equal hidden_size. Patch size 2 with in_channels already patchified.
 register(TinyFamily(
     name="chroma",
     config_class="Chroma",
-    family="chroma", variant="chroma",
+    family="chroma", variant="chroma-architecture",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(0),
 ))
 
@@ -163,7 +179,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="hunyuan_video",
     config_class="HunyuanVideo",
-    family="hunyuan_video", variant="hunyuanvideo-544p",
+    family="hunyuan_video", variant="hunyuan_video-architecture",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_pooled(32, guidance=6.0),
 ))
 
@@ -173,8 +189,24 @@ register(TinyFamily(
 register(TinyFamily(
     name="hunyuan_video15",
     config_class="HunyuanVideo15",
-    family="hunyuan_video", variant="hunyuanvideo1.5-20step",
+    family="hunyuan_video", variant="hunyuan_video-architecture",
     latent_channels=32, latent_spatial=(2, 4, 4), context_dim=64, extra_cond=_pooled(0),
+))
+
+# HunyuanImage 2.1: HunyuanVideo's blocks at patch 1 on a 64-channel 2-D latent, no pooled
+# vector. Its refiner samples a 32-channel 3-D latent that ComfyUI packs into 64 channels (frame
+# pairs), and takes the image to refine as 64 more.
+register(TinyFamily(
+    name="hunyuan_image21",
+    config_class="HunyuanImage21",
+    family="hunyuan_video", variant="hunyuanimage2.1",
+    latent_channels=64, latent_spatial=(8, 8), context_dim=64, extra_cond=_pooled(0),
+))
+register(TinyFamily(
+    name="hunyuan_image21_refiner",
+    config_class="HunyuanImage21Refiner",
+    family="hunyuan_video", variant="hunyuanimage2.1-refiner",
+    latent_channels=32, latent_spatial=(1, 8, 8), context_dim=64, extra_cond=_pooled(0),
 ))
 
 # --- Other MMDiT-style image models -----------------------------------------------------------
@@ -183,7 +215,34 @@ register(TinyFamily(
 register(TinyFamily(
     name="qwen_image",
     config_class="QwenImage",
-    family="qwen_image", variant="qwen-image",
+    family="qwen_image", variant="qwen_image-architecture",
+    latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
+))
+
+# Mage-Flow (ComfyUI 0.30.0): Qwen-Image's blocks at patch 1 on FLUX.2's 128-channel latent.
+register(TinyFamily(
+    name="mage_flow",
+    config_class="MageFlow",
+    family="qwen_image", variant="mage-flow",
+    latent_channels=128, latent_spatial=(8, 8), context_dim=64,
+))
+
+# Lens (ComfyUI 0.30.0): Qwen-style blocks on FLUX.2's 32-channel latent packed 2x2 (128
+# channels in); the text is several encoder layers side by side (4 x 16 wide here).
+register(TinyFamily(
+    name="lens",
+    config_class="Lens",
+    family="lens", variant="lens",
+    latent_channels=128, latent_spatial=(8, 8), context_dim=64,
+))
+
+# JoyImage (ComfyUI 0.30.0): dual-stream blocks on Wan 2.1's 16-channel latent (5-D, one frame),
+# a per-block modulation table added to the projected timestep. One head of the real head width
+# (128, RoPE axes 16/56/56): ComfyUI's RoPE for this model fails at smaller head widths.
+register(TinyFamily(
+    name="joyimage",
+    config_class="JoyImage",
+    family="joyimage", variant="joyimage",
     latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
 ))
 
@@ -203,6 +262,16 @@ register(TinyFamily(
     config_class="Lumina2",
     family="lumina2", variant="lumina2",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64,
+))
+
+# Z-Image pixel space (ComfyUI 0.30.0): the Z-Image transformer on 4 x 4 RGB patches, an MLP
+# decoder per patch. Z-Image's modulation needs a width of at least 256; detection keys the class
+# on the real width (3840), so the template names it.
+register(TinyFamily(
+    name="zimage_pixel",
+    config_class="ZImagePixelSpace",
+    family="lumina2", variant="z-image-pixel-space",
+    latent_channels=3, latent_spatial=(32, 32), context_dim=64,
 ))
 
 
@@ -232,6 +301,76 @@ register(TinyFamily(
 ))
 
 
+# Anima (ComfyUI 0.30.0): Cosmos-Predict2's DiT plus an LLM adapter that turns Qwen3 hidden states
+# and T5 token ids into its text; the adapter has fixed sizes (1024 wide, a 32128-token embedding:
+# the bulk of this model). Without token ids the text goes to the DiT as it is, as here.
+register(TinyFamily(
+    name="anima",
+    config_class="Anima",
+    family="cosmos", variant="anima",
+    latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
+))
+
+
+# Kandinsky 5 (ComfyUI 0.30.0): video, with an image-to-video concat of 16 + 1 channels that the
+# model takes on every call (visual_embed_dim 132 = 33 x 2 x 2); image (Kandinsky5Image, named:
+# detection keys it on the real width) without. A pooled text vector (768 wide; 32 here).
+register(TinyFamily(
+    name="kandinsky5",
+    config_class="Kandinsky5",
+    family="kandinsky5", variant="kandinsky5",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_pooled(32),
+))
+register(TinyFamily(
+    name="kandinsky5_image",
+    config_class="Kandinsky5Image",
+    family="kandinsky5", variant="kandinsky5-image",
+    latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(32),
+))
+
+
+# Krea 2 (ComfyUI 0.30.0): single-stream blocks on Wan 2.1's latent (5-D, one frame), text from
+# several encoder layers side by side (2 x 32 here) fused by its own small transformer.
+register(TinyFamily(
+    name="krea2",
+    config_class="Krea2",
+    family="krea2", variant="krea2",
+    latent_channels=16, latent_spatial=(1, 16, 16), context_dim=64,
+))
+
+
+# PixelDiT (ComfyUI 0.30.0): patch-level then pixel-level transformer blocks on RGB (4 x 4
+# patches here). Its checkpoints keep their keys under "core." with fused pixel-block
+# modulations that ComfyUI splits on load; the template's keys are the module's under that prefix,
+# and it names the class (detection returns no sizes for it).
+register(TinyFamily(
+    name="pixeldit",
+    config_class="PixelDiTT2I",
+    family="pixeldit", variant="pixeldit",
+    latent_channels=3, latent_spatial=(32, 32), context_dim=64,
+))
+
+
+# CogVideoX (ComfyUI 0.30.0): an expert-transformer video model with v-prediction on a discrete
+# (DDPM) schedule; 3-D RoPE as in the 5B models, text padded to its own length (8 here).
+register(TinyFamily(
+    name="cogvideox",
+    config_class="CogVideoX_T2V",
+    family="cogvideox", variant="cogvideox",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
+))
+
+
+# AuraFlow: MMDiT joint then single blocks on SDXL's 4-channel latent; detection keys the class on
+# its text width (2048, kept), a learned position table (64 patches here).
+register(TinyFamily(
+    name="auraflow",
+    config_class="AuraFlow",
+    family="auraflow", variant="auraflow",
+    latent_channels=4, latent_spatial=(16, 16), context_dim=2048,
+))
+
+
 def _ltxv_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
     # LTXVModel.forward takes attention_mask positionally, so the T5 mask is required.
     return {"attention_mask": torch.ones(batch, tokens, dtype=torch.long)}
@@ -242,7 +381,7 @@ def _ltxv_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
 register(TinyFamily(
     name="ltxv",
     config_class="LTXV",
-    family="ltxv", variant="ltx-video",
+    family="ltxv", variant="ltxv-architecture",
     latent_channels=128, latent_spatial=(2, 4, 4), context_dim=64, extra_cond=_ltxv_extra,
 ))
 
@@ -252,7 +391,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="wan21",
     config_class="WAN21_T2V",
-    family="wan", variant="wan2.1-t2v-1.3b",
+    family="wan", variant="wan-architecture",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=4096,
 ))
 
@@ -262,7 +401,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="wan21_vace",
     config_class="WAN21_Vace",
-    family="wan", variant="wan2.1-vace-1.3b",
+    family="wan", variant="wan-architecture",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
 ))
 
@@ -270,7 +409,7 @@ register(TinyFamily(
 register(TinyFamily(
     name="wan22_5b",
     config_class="WAN22_T2V",
-    family="wan", variant="wan2.2-ti2v-5b-t2v",
+    family="wan", variant="wan-architecture",
     latent_channels=48, latent_spatial=(3, 8, 8), context_dim=64,
 ))
 
@@ -286,8 +425,76 @@ def _wan_i2v_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
 register(TinyFamily(
     name="wan21_i2v",
     config_class="WAN21_I2V",
-    family="wan", variant="wan2.1-i2v-480p",
+    family="wan", variant="wan-architecture",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_wan_i2v_extra,
+))
+
+
+def _wan_s2v_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
+    # Wav2Vec features as ComfyUI's WanSoundImageToVideo hands them on: (batch, 25 encoder layers,
+    # audio width, 4 per latent frame); 40 covers up to 10 latent frames (the model takes the
+    # first 4 x frames). The audio is injected into the stream after the blocks it names.
+    return {"audio_embed": torch.randn(batch, 25, 32, 40, generator=gen)}
+
+
+@functools.cache
+def blocks_get_transformer_options(family: str) -> bool:
+    """Whether this ComfyUI hands the first block patch of the tiny ``family`` model its
+    transformer_options: one direct call of the diffusion model with a recording patch."""
+    spec = FAMILIES[family]
+    seen = []
+
+    def probe(args: dict, extra: dict) -> dict:
+        seen.append("transformer_options" in args)
+        return extra["original_block"](args)
+
+    model = build_model(family).model
+    gen = torch.Generator().manual_seed(0)
+    x = torch.zeros(1, spec.latent_channels, *spec.latent_spatial)
+    context = torch.randn(1, spec.context_tokens, spec.context_dim, generator=gen)
+    options = {"patches_replace": {"dit": {("double_block", 0): probe}}}
+    with torch.no_grad():
+        model.diffusion_model(x, torch.tensor([0.5]), context, transformer_options=options)
+    return bool(seen) and all(seen)
+
+
+# Wan 2.2 S2V: Wan blocks plus a causal audio encoder whose features are added into the stream
+# after blocks 0 and 1 (audio_inject_layers). ComfyUI 0.3.75 hands these blocks no
+# transformer_options, so the cache drives them only from 0.30.0 on (tests/test_families.py checks
+# both).
+register(TinyFamily(
+    name="wan22_s2v",
+    config_class="WAN22_S2V",
+    family="wan", variant="wan2.2-s2v",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_wan_s2v_extra,
+    requires=lambda: blocks_get_transformer_options("wan22_s2v"),
+))
+
+
+def _scail_pose(batch: int, tokens: int, gen: torch.Generator) -> dict:
+    # A half-resolution pose video (3 frames of 4 x 4): its tokens follow the image's in the stream.
+    return {"pose_video_latent": torch.randn(batch, 16, 3, 4, 4, generator=gen)}
+
+
+# Wan variants of ComfyUI 0.30.0 on the same blocks: SCAIL and SCAIL-2 (character animation:
+# 20 input channels; SCAIL here with pose tokens appended to the stream), WanDancer (36 channels,
+# image-to-video concat) and FlowRVS (video to mask, sampled from the video latent itself). Their
+# other extra inputs are left out; the blocks and the hooks' call structure are the same with them.
+register(TinyFamily(
+    name="wan21_scail", config_class="WAN21_SCAIL", family="wan", variant="wan2.1-scail",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_scail_pose,
+))
+register(TinyFamily(
+    name="wan21_scail2", config_class="WAN21_SCAIL2", family="wan", variant="wan2.1-scail2",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
+))
+register(TinyFamily(
+    name="wan22_wandancer", config_class="WAN22_WanDancer", family="wan", variant="wan2.2-wandancer",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
+))
+register(TinyFamily(
+    name="wan21_flowrvs", config_class="WAN21_FlowRVS", family="wan", variant="wan2.1-flowrvs",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
 ))
 
 
