@@ -64,6 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the pack's constants (default both)")
     parser.add_argument("--teacache-thresholds", type=float, nargs="*", default=None)
     parser.add_argument("--magcache-thresholds", type=float, nargs="*", default=None)
+    parser.add_argument("--magcache-retention", type=float, default=None, help="ApplyMagCache retention_ratio (default 0.2)")
+    parser.add_argument("--planned-thresholds", type=float, nargs="*", default=None,
+                        help="error budgets of ApplyMagCache's planned rule (variants with ',planned')")
     parser.add_argument("--magcache-ks", type=int, nargs="*", default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier timings)")
     parser.add_argument("--no-overhead", action="store_true", help="skip the large-model no-skip overhead part")
@@ -127,7 +130,8 @@ def main(argv: list[str]) -> int:
                              methods=args.methods, constants=args.constants,
                              teacache_thresholds=args.teacache_thresholds,
                              magcache_thresholds=args.magcache_thresholds, magcache_ks=args.magcache_ks,
-                             variant_specs=args.variant_specs)
+                             variant_specs=args.variant_specs, planned_thresholds=args.planned_thresholds,
+                             magcache_retention=args.magcache_retention)
     settings_out = []
     models_out = {}
     for kind in [] if args.no_sweep else plan.kinds:
@@ -168,6 +172,7 @@ def main(argv: list[str]) -> int:
                 "calibration_classes": plan.calibration_classes, "calibration_seed": plan.calibration_seed,
                 "teacache_thresholds": plan.teacache_thresholds, "teacache_k": plan.teacache_k,
                 "magcache_thresholds": plan.magcache_thresholds, "magcache_ks": plan.magcache_ks,
+                "planned_thresholds": plan.planned_thresholds,
                 "magcache_retention": plan.magcache_retention, "native_thresholds": plan.native_thresholds,
                 "reps": plan.reps, "notes": plan.notes, "kinds": plan.kinds,
                 "variants": [dataclasses.asdict(v) for v in plan.variants], "only": plan.only,

@@ -6,6 +6,8 @@
 - ``estimators``: what a skipped call returns (reuse, forecast, damped forecast), one module each.
 - ``policies``: the skip/compute decisions of TeaCache and MagCache, per conditioning entry, with
   an error estimate that follows the estimator.
+- ``planning``: the planned rule: skip errors measured by a calibration, an error model over model
+  time fitted to them, and the computed steps of a run chosen against an error budget.
 - ``methods``: one settings object per method, building its run's policy and estimator.
 - ``history``: the residuals each entry keeps, and the estimate of a skipped call.
 - ``run_cache``: the state of one sampling run: decisions per call, residuals per entry.

@@ -9,6 +9,10 @@ handed to that run's cache, watches it. Per step and CFG branch it keeps:
   the previous step's residual gets wrong, and the relative change of the TeaCache signal. The
   TeaCache polynomial is fitted to predict the first from the second.
 
+It also measures, on the CFG-combined residual cfg * cond - (cfg - 1) * uncond (what the sampler
+uses), what skipping each step would have cost with reuse and with a first-order forecast, for
+gaps of several steps (``planning.SkipError``): the planned rule's error model is fitted to those.
+
 Only the first evaluation of each step is measured (multi-call samplers evaluate between steps).
 A ``Calibration`` also names the model it was measured on and the schedule it was measured with,
 and round-trips through JSON, refusing anything malformed with a message that says what is wrong.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -27,10 +32,17 @@ import numpy as np
 import torch
 
 from .methods import CALIBRATED_METHODS, CalibrationError
+from .planning import MEASURED_BACK, MEASURED_FORWARD, ErrorModel, SkipError
 from .ratios import MagRatios
 from .schedule import RunSchedule
 
-FORMAT_VERSION = 1
+# Version 2 added the skip errors (and the guidance scale they were measured at); version 1
+# calibrations still load, without them.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+# The skip errors are measured on at most this many tokens per row, evenly spread: relative
+# errors need no more, and the calibration run keeps several steps of them.
+ERROR_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -47,17 +59,27 @@ class StepMeasure:
 class ResidualRecorder:
     """A ``RunObserver`` collecting ``StepMeasure``s from one measuring run."""
 
-    def __init__(self, channels_last: bool = True) -> None:
+    def __init__(self, channels_last: bool = True, cfg: float = 1.0) -> None:
         # Block-stack residuals are [batch, tokens, channels]; output-space ones [batch, C, ...].
         self.channels_last = channels_last
+        self.cfg = cfg
         self.schedule: RunSchedule | None = None
         self.measures: list[StepMeasure] = []
+        self.skip_errors: list[SkipError] = []
         self._previous: dict[int, torch.Tensor] = {}
         self._measured: set[tuple[int, int]] = set()
         self._signal: dict[tuple[int, int], float] = {}
+        # This step's residual per branch (token subsample), combined when the next step starts.
+        self._pending_step = -1
+        self._pending: dict[int, torch.Tensor] = {}
+        self._combined: deque[tuple[int, torch.Tensor]] = deque(maxlen=MEASURED_FORWARD + MEASURED_BACK)
 
     def start(self, schedule: RunSchedule) -> None:
         self.schedule = schedule
+
+    def finish(self) -> None:
+        """After the run: measure the last step."""
+        self._combine_pending()
 
     def signal_changes(self, step: int, branches: tuple[int, ...], changes: list[float]) -> None:
         for branch, change in zip(branches, changes, strict=True):
@@ -73,6 +95,45 @@ class ResidualRecorder:
             previous, self._previous[branch] = self._previous.get(branch), current
             if previous is not None and previous.shape == current.shape:
                 self.measures.append(self._measure(step, branch, current, previous))
+            if step != self._pending_step:
+                self._combine_pending()
+                self._pending_step = step
+            self._pending[branch] = current[:, ::max(1, -(-current.shape[1] // ERROR_TOKENS))]
+
+    def _combine_pending(self) -> None:
+        """The finished step's CFG-combined residual, and what skipping it would have cost."""
+        pending, self._pending = self._pending, {}
+        if not pending or self.schedule is None:
+            return
+        step = self._pending_step
+        if 0 in pending and 1 in pending and pending[0].shape == pending[1].shape:
+            combined = self.cfg * pending[0] - (self.cfg - 1.0) * pending[1]
+        else:
+            combined = pending[min(pending)]
+        earlier = {s: r for s, r in self._combined if r.shape == combined.shape}
+        self._combined.append((step, combined))
+        times = self.schedule.step_times
+        keys, estimates = [], []
+        for forward in range(1, MEASURED_FORWARD + 1):
+            last = earlier.get(step - forward)
+            if last is None:
+                break
+            keys.append((0, forward, 0))
+            estimates.append(last)
+            for back in range(1, MEASURED_BACK + 1):
+                first = earlier.get(step - forward - back)
+                if first is None:
+                    break
+                t0, t1 = times[step - forward - back], times[step - forward]
+                keys.append((1, forward, back))
+                estimates.append(last + (last - first) * ((times[step] - t1) / (t1 - t0)))
+        if not keys:
+            return
+        scale = combined.norm().clamp_min(1e-12)
+        # One transfer to the host for the step.
+        errors = torch.stack([(combined - e).norm() / scale for e in estimates]).tolist()
+        self.skip_errors += [SkipError(step, order, forward, back, error)
+                             for (order, forward, back), error in zip(keys, errors, strict=True)]
 
     def _tokens(self, residual: torch.Tensor) -> torch.Tensor:
         """[rows, tokens, channels], float32, a private copy."""
@@ -136,6 +197,9 @@ class Calibration:
     fit_points: tuple[tuple[float, float], ...] = ()
     created: str = ""
     runs: int = 1
+    # What skipping each step would have cost (planned rule), and the guidance scale of the run.
+    skip_errors: tuple[SkipError, ...] = ()
+    cfg: float | None = None
     version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -158,6 +222,11 @@ class Calibration:
             cosine_distances=[self.per_step(b, "cosine_distance", 0.0) for b in self.branches],
         )
 
+    def error_model(self, order: int) -> ErrorModel | None:
+        """The planned rule's error model for reuse (0) or a first-order forecast (1); None for a
+        calibration without skip errors (made before they were measured)."""
+        return ErrorModel.fit(self.skip_errors, self.schedule.progress, order)
+
     def summary(self) -> str:
         lines = [
             f"{CALIBRATED_METHODS[self.method].display_name} calibration of a {self.model.family} model "
@@ -174,6 +243,12 @@ class Calibration:
             lines.append(f"{names.get(branch, branch)} ratios: " + ", ".join(f"{r:.5f}" for r in ratios))
             lines.append(f"{names.get(branch, branch)} spread (std over tokens): " + ", ".join(f"{s:.4f}" for s in spread))
             lines.append(f"{names.get(branch, branch)} cosine distance: " + ", ".join(f"{c:.4f}" for c in cosine))
+        for order, name in ((0, "reuse"), (1, "first-order forecast")):
+            model = self.error_model(order)
+            if model is not None:
+                lines.append(f"skip error ({name}, cfg {self.cfg:g}) = kappa(progress) x gap^{model.alpha:.2f}"
+                             + (f" x anchor spacing^{model.beta:.2f}" if order else "") + "; kappa: "
+                             + ", ".join(f"{math.exp(v):.3g}" for v in model.log_kappa))
         if self.coefficients is not None:
             lines.append("TeaCache coefficients (poly1d, highest power first): "
                          + ", ".join(f"{c:.8g}" for c in self.coefficients))
@@ -202,6 +277,13 @@ class Calibration:
             missing = sorted(set(range(1, steps)) - seen)
             if missing:
                 raise CalibrationError(f"branch {branch} misses steps {missing[:5]}")
+        for error in self.skip_errors:
+            if not (math.isfinite(error.error) and error.error >= 0.0):
+                raise CalibrationError(f"step {error.step} has a non-finite skip error")
+            if error.order not in (0, 1) or not (error.forward > 0 and error.forward + error.back <= error.step < steps):
+                raise CalibrationError(f"a skip error of step {error.step} names steps outside the schedule")
+        if self.cfg is not None and not math.isfinite(self.cfg):
+            raise CalibrationError("the guidance scale is not finite")
         CALIBRATED_METHODS[self.method].check_calibration(self)
 
     # -- JSON ------------------------------------------------------------------------------
@@ -214,6 +296,7 @@ class Calibration:
             "measures": [asdict(m) for m in self.measures],
             "coefficients": list(self.coefficients) if self.coefficients is not None else None,
             "fit_points": [list(point) for point in self.fit_points],
+            "skip_errors": [asdict(e) for e in self.skip_errors], "cfg": self.cfg,
         }
 
     @classmethod
@@ -221,8 +304,9 @@ class Calibration:
         try:
             if data.get("format") != "stepcache-calibration":
                 raise CalibrationError("not a StepCache calibration")
-            if data.get("version") != FORMAT_VERSION:
-                raise CalibrationError(f"calibration format version {data.get('version')} is not {FORMAT_VERSION}")
+            if data.get("version") not in READABLE_VERSIONS:
+                raise CalibrationError(f"calibration format version {data.get('version')} is not one of "
+                                       f"{', '.join(map(str, READABLE_VERSIONS))}")
             schedule = dict(data["schedule"])
             schedule["progress"] = tuple(float(p) for p in schedule["progress"])
             coefficients = data.get("coefficients")
@@ -233,6 +317,8 @@ class Calibration:
                 coefficients=tuple(float(c) for c in coefficients) if coefficients is not None else None,
                 fit_points=tuple((float(x), float(y)) for x, y in data.get("fit_points", ())),
                 created=str(data.get("created", "")), runs=int(data.get("runs", 1)),
+                skip_errors=tuple(SkipError(**e) for e in data.get("skip_errors", ())),
+                cfg=float(data["cfg"]) if data.get("cfg") is not None else None,
             )
         except CalibrationError:
             raise

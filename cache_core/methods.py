@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 from .estimators import EstimatorSpec
+from .planning import ErrorModel, PlannedPolicy, model_order
 from .policies import CachePolicy, MagCachePolicy, NeverSkipPolicy, TeaCachePolicy
 from .ratios import MagRatios
 from .schedule import RunSchedule
@@ -151,12 +152,23 @@ class TeaCacheConfig(MethodConfig):
             raise CalibrationError("a TeaCache calibration needs the finite points it was fitted on")
 
 
+SKIP_RULES = ("magnitude", "planned")
+
+
 @dataclass(frozen=True, kw_only=True)
 class MagCacheConfig(MethodConfig):
+    """``skip_rule`` "magnitude": the published rule (accumulated drift of the calibrated residual
+    magnitude, within ``threshold``). "planned": the computed steps are chosen at the start of each
+    run against this model's measured skip errors (cache_core/planning.py), ``threshold`` being the
+    run's total error budget; it needs a calibration of this pack (``error_models``)."""
+
     threshold: float
     max_consecutive_skips: int = 2
     retention_ratio: float = 0.2
     ratios: MagRatios | None = None  # None: the variant's published table
+    skip_rule: str = "magnitude"
+    # The planned rule's error models from this model's calibration: (reuse, first-order forecast).
+    error_models: tuple[ErrorModel | None, ErrorModel | None] | None = None
 
     calibration_method: ClassVar[str | None] = "magcache"
     display_name: ClassVar[str] = "MagCache"
@@ -168,6 +180,14 @@ class MagCacheConfig(MethodConfig):
 
     def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
         ratios = self.ratios or constants.magcache
+        if self.skip_rule == "planned":
+            estimator = self.estimator.build()
+            model = self.error_models[model_order(estimator)] if self.error_models else None
+            if model is None:
+                return NeverSkipPolicy(schedule, name=PlannedPolicy.name, reason=(
+                    "the planned rule needs skip errors measured by MagCacheCalibrate on this model"))
+            return PlannedPolicy(schedule, model, self.threshold, self.max_consecutive_skips, self.retention_ratio,
+                                 estimator=estimator)
         if ratios is None:
             return NeverSkipPolicy(schedule, name=MagCachePolicy.name, reason=(
                 f"no MagCache ratios for this model ({constants.label}); calibrate it with MagCacheCalibrate"))
@@ -175,7 +195,9 @@ class MagCacheConfig(MethodConfig):
                               estimator=self.estimator.build())
 
     def with_calibration(self, calibration: Any, source: str | None = None) -> MagCacheConfig:
-        return replace(self, ratios=calibration.mag_ratios(), constants_source=source)
+        models = (calibration.error_model(0), calibration.error_model(1))
+        return replace(self, ratios=calibration.mag_ratios(), constants_source=source,
+                       error_models=models if any(models) else None)
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         return self._describe(self.ratios, variant, chosen, "ratios") or "none"
@@ -200,6 +222,7 @@ CALIBRATED_METHODS: dict[str, type[MethodConfig]] = {
 
 __all__ = [
     "CALIBRATED_METHODS",
+    "SKIP_RULES",
     "CalibrationError",
     "MagCacheConfig",
     "MeasureConfig",

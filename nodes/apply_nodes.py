@@ -16,6 +16,7 @@ from .. import families
 from ..cache_core import EstimatorSpec, MagCacheConfig, MagRatios, MethodConfig, TeaCacheConfig
 from ..cache_core.calibration import Calibration
 from ..cache_core.estimators import MAX_ORDER
+from ..cache_core.methods import SKIP_RULES
 from . import calibration_store
 from .runtime import CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
@@ -145,6 +146,18 @@ def window_problem(start_percent: float, end_percent: float) -> str | None:
     return None
 
 
+def check_planned(config: MagCacheConfig, calibration: Calibration | None) -> None:
+    """The planned rule runs on this model's measured skip errors, for the estimators it can plan."""
+    if calibration is None:
+        raise ValueError("ApplyMagCache: skip_rule planned needs this model's calibration: connect "
+                         "MagCacheCalibrate's ratios output (or save one with it), or use skip_rule magnitude")
+    if config.error_models is None:
+        raise ValueError(f"ApplyMagCache: the calibration of {calibration.created} has no skip errors (it was "
+                         "made by an older version of this pack); calibrate again for skip_rule planned")
+    if config.estimator.name == "forecast" and config.estimator.order != 1:
+        raise ValueError("ApplyMagCache: skip_rule planned plans first-order forecasts; set forecast_order to 1")
+
+
 class ApplyTeaCache(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -255,6 +268,15 @@ class ApplyMagCache(io.ComfyNode):
                     tooltip="Magnitude ratios from MagCacheCalibrate (or typed in); override the published ones. "
                     "Without them, a calibration saved for this model is used when there is one."),
                 *estimator_inputs(),
+                Choice(
+                    "skip_rule", options=list(SKIP_RULES), default="magnitude", optional=True,
+                    tooltip="magnitude: the published MagCache rule (skip while the calibrated drift of the "
+                    "residual's magnitude stays within threshold). planned: at the start of each run, choose "
+                    "the fewest computed steps whose skips add up to at most threshold of relative error, "
+                    "as measured on this model by MagCacheCalibrate (connect it, or save it); threshold is "
+                    "then the run's total error budget (about 0.5 to 2). Plans reuse and first-order "
+                    "forecasts (estimator reuse, forecast with forecast_order 1, damped_forecast).",
+                ),
             ],
             outputs=[io.Model.Output()],
             hidden=[io.Hidden.unique_id],
@@ -269,18 +291,21 @@ class ApplyMagCache(io.ComfyNode):
                 cache_device: str, variant: str = "auto",
                 ratios: Calibration | MagRatios | None = None, estimator: str = "reuse", forecast_order: int = 1,
                 forecast_damping: float = 0.5, cfg_branches: str = "together", check: str = "off",
-                check_tolerance: float = 0.1) -> io.NodeOutput:
+                check_tolerance: float = 0.1, skip_rule: str = "magnitude") -> io.NodeOutput:
         family = resolve_family(model, "ApplyMagCache")
         if family is None:
             return io.NodeOutput(model)
         check_variant(family, variant, "ApplyMagCache")
         config = MagCacheConfig(
             threshold=threshold, max_consecutive_skips=max_consecutive_skips, retention_ratio=retention_ratio,
+            skip_rule=skip_rule,
             **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, check, check_tolerance),
         )
         calibration, source = calibration_for(config, "ApplyMagCache", model, family, ratios, variant)
         if calibration is not None:
             config = config.with_calibration(calibration, source)
+        if skip_rule == "planned":
+            check_planned(config, calibration)
         elif ratios is not None:
             if not isinstance(ratios, MagRatios):
                 raise ValueError("ApplyMagCache: ratios must come from MagCacheCalibrate or MagCacheRatiosFromText, "

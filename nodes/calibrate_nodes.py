@@ -79,13 +79,14 @@ def measure(node: str, method: type[MethodConfig], model: object, seed: int, ste
     family = families.family_for(model.model)
     if family is None:
         raise ValueError(f"{node}: {families.unsupported_reason(model.model)}; there is nothing to calibrate")
-    recorder = ResidualRecorder(channels_last=not family.caches_in_output_space)
+    recorder = ResidualRecorder(channels_last=not family.caches_in_output_space, cfg=cfg)
     settings = CacheSettings(method=MeasureConfig(), family=family.name, node_id=node_id)
     measuring = install(model, settings, family, observer=recorder)
     (latent,) = comfy_nodes.common_ksampler(measuring, seed, steps, cfg, sampler_name, scheduler, positive,
                                             negative, latent_image, denoise=denoise)
     if recorder.schedule is None:
         raise ValueError(f"{node}: the sampler never ran the model, so nothing was measured")
+    recorder.finish()
     variant = detect_variant(family, model, positive, negative, latent_image, steps)
     measures = tuple(recorder.measures)
     schedule = ScheduleInfo(
@@ -96,7 +97,8 @@ def measure(node: str, method: type[MethodConfig], model: object, seed: int, ste
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
         calibration = Calibration(method=method.calibration_method, model=identity, schedule=schedule,
-                                  measures=measures, created=created, **method.fitted(measures))
+                                  measures=measures, created=created, skip_errors=tuple(recorder.skip_errors),
+                                  cfg=cfg, **method.fitted(measures))
     except CalibrationError as error:
         raise ValueError(f"{node}: the measurement cannot be used: {error}") from error
     return latent, calibration

@@ -124,7 +124,7 @@ SPECS: dict[str, NodeSpec] = {
     "ApplyMagCache": NodeSpec("Apply MagCache",
         inputs=(("model", "MODEL"), ("ratios", "MAG_RATIOS")),
         widgets=("threshold", "max_consecutive_skips", "retention_ratio", "cache_device", "variant",
-                 *ESTIMATOR_WIDGETS),
+                 *ESTIMATOR_WIDGETS, "skip_rule"),
         outputs=(("MODEL", "MODEL"),), panel=STATS_PANEL),
     "ApplyTeaCache": NodeSpec("Apply TeaCache",
         inputs=(("model", "MODEL"), ("coefficients", "TEACACHE_COEFFICIENTS")),
@@ -340,7 +340,7 @@ class Workflow:
 # The graphs ------------------------------------------------------------------------------
 
 MAGCACHE_DEFAULTS = {"threshold": 0.06, "max_consecutive_skips": 2, "retention_ratio": 0.2,
-                     "cache_device": "main_device", "variant": "auto", **ESTIMATOR_DEFAULTS}
+                     "cache_device": "main_device", "variant": "auto", **ESTIMATOR_DEFAULTS, "skip_rule": "magnitude"}
 
 TUNING_MAGCACHE = """
 **Tuning** (Apply MagCache): raise `threshold` (0.06 -> 0.1 -> 0.2) or `max_consecutive_skips`
@@ -729,7 +729,7 @@ def demo_image_calibrate_magcache() -> Workflow:
     w.add("PreviewAny", 1, title="Calibration report", source=calibrate.out(2))
     cache = w.add("ApplyMagCache", 2, model=model.out(), ratios=calibrate.out(1), threshold=0.1,
                   max_consecutive_skips=3, retention_ratio=0.2, cache_device="main_device", variant="auto",
-                  **ESTIMATOR_DEFAULTS)
+                  **ESTIMATOR_DEFAULTS, skip_rule="magnitude")
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_calibrated")
     w.note(f"""
 ## StepCache demo: calibrate MagCache, then sample with it

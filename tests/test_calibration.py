@@ -10,12 +10,9 @@ import torch
 
 
 def calibrate(host, node_name: str, model, job, save: bool = False, **extra):
-    node = getattr(host.pack_module("nodes.calibrate_nodes"), node_name)
-    positive, negative = job.conds()
-    latent, calibration, report = node.execute(
-        model, job.seed, job.steps, job.cfg, job.sampler, job.scheduler, positive, negative, job.latent(),
-        job.denoise, save, **extra).result
-    return latent["samples"], calibration, report
+    from harness.sampling import calibrate as run_calibration
+
+    return run_calibration(node_name, model, job, save, **extra)
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,12 @@ class Variant:
     branches: str = "together"
     check: str = "off"  # "off" | "hindsight" | "first_block"
     tolerance: float = 0.1
+    rule: str = "magnitude"  # ApplyMagCache skip_rule: "magnitude" | "planned" (calibrated constants only)
 
     @property
     def suffix(self) -> str:
         """How a method line names it ("" for the nodes' defaults)."""
-        parts = []
+        parts = ["planned"] if self.rule == "planned" else []
         if self.estimator == "forecast":
             parts.append(f"forecast o{self.order}")
         elif self.estimator == "damped_forecast":
@@ -37,12 +38,13 @@ class Variant:
 
     def inputs(self) -> dict:
         return {"estimator": self.estimator, "forecast_order": self.order, "forecast_damping": self.damping,
-                "cfg_branches": self.branches, "check": self.check, "check_tolerance": self.tolerance}
+                "cfg_branches": self.branches, "check": self.check, "check_tolerance": self.tolerance,
+                **({"skip_rule": self.rule} if self.rule != "magnitude" else {})}
 
 
 def parse_variant(spec: str) -> Variant:
-    """``reuse|forecast|damped_forecast[,o=N][,d=X][,separate][,hindsight=X|,first_block=X]``, e.g.
-    ``damped_forecast,d=0.3,separate,hindsight=0.05``."""
+    """``reuse|forecast|damped_forecast[,o=N][,d=X][,separate][,hindsight=X|,first_block=X][,planned]``,
+    e.g. ``damped_forecast,d=0.3,separate,hindsight=0.05`` or ``forecast,planned``."""
     name, *options = [token.strip() for token in spec.split(",")]
     if name not in ("reuse", "forecast", "damped_forecast"):
         raise ValueError(f"unknown estimator {name!r} in variant {spec!r}")
@@ -55,6 +57,8 @@ def parse_variant(spec: str) -> Variant:
             fields["damping"] = float(value)
         elif key == "separate":
             fields["branches"] = "separate"
+        elif key == "planned":
+            fields["rule"] = "planned"
         elif key in ("hindsight", "first_block"):
             fields["check"] = key
             fields["tolerance"] = float(value)
@@ -75,6 +79,7 @@ VARIANT_PRESETS: dict[str, list[Variant]] = {
         Variant(check="hindsight"), Variant("damped_forecast", check="hindsight"),
         Variant("damped_forecast", branches="separate", check="hindsight"),
         Variant("damped_forecast", check="first_block"),
+        Variant(rule="planned"), Variant("forecast", rule="planned"),
     ],
 }
 
@@ -170,6 +175,7 @@ class Plan:
     magcache_ks: list[int]
     magcache_retention: float
     native_thresholds: list[float]
+    planned_thresholds: list[float]  # error budgets of ApplyMagCache's planned rule
     reps: int  # 0: quality only (no timing)
     variants: list[Variant] = field(default_factory=lambda: [DEFAULT_VARIANT])
     diagnostic_as_is: bool = True
@@ -187,6 +193,11 @@ class Plan:
         out: list[Config] = [] if self.quality_only else [Config("uncached")]
         for constants in self.constants:
             for variant in self.variants:
+                if variant.rule == "planned":  # MagCache only, on this model's calibration
+                    if "magcache" in self.methods and constants == "calibrated":
+                        out += [Config("magcache", t, constants, k=k, retention=self.magcache_retention,
+                                       variant=variant) for k in self.magcache_ks for t in self.planned_thresholds]
+                    continue
                 if "teacache" in self.methods:
                     out += [Config("teacache", t, constants, k=self.teacache_k, variant=variant)
                             for t in self.teacache_thresholds]
@@ -211,7 +222,8 @@ def make_plan(quick: bool, classes: int | None, seeds: int | None, batch: int, r
               cfg: float, samplers: list[str] | None, kinds: list[str] | None = None, variants: str | None = None,
               only: str | None = None, methods: list[str] | None = None, constants: list[str] | None = None,
               teacache_thresholds: list[float] | None = None, magcache_thresholds: list[float] | None = None,
-              magcache_ks: list[int] | None = None, variant_specs: list[str] | None = None) -> Plan:
+              magcache_ks: list[int] | None = None, variant_specs: list[str] | None = None,
+              planned_thresholds: list[float] | None = None, magcache_retention: float | None = None) -> Plan:
     """The sweep. Evaluation uses classes 0..n-1 and seeds 0..s-1; calibration uses the next
     classes (disjoint from evaluation while there are enough) and its own seed. ``reps`` 0 is a
     quality-only sweep (no interleaved timing)."""
@@ -235,19 +247,23 @@ def make_plan(quick: bool, classes: int | None, seeds: int | None, batch: int, r
         plan = Plan(settings=settings, pairs=pairs, calibration_classes=calibration, calibration_seed=10_000,
                     teacache_thresholds=[0.2, 0.4], teacache_k=3,
                     magcache_thresholds=[0.02, 0.08], magcache_ks=[2], magcache_retention=0.2,
-                    native_thresholds=[0.05, 0.2], reps=1 if reps is None else reps, diagnostic_as_is=True, **common)
+                    native_thresholds=[0.05, 0.2], planned_thresholds=[0.5, 1.5], reps=1 if reps is None else reps, diagnostic_as_is=True, **common)
     else:
         plan = Plan(settings=settings, pairs=pairs, calibration_classes=calibration, calibration_seed=10_000,
                     teacache_thresholds=[0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.4, 0.6, 1.0], teacache_k=3,
                     magcache_thresholds=[0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.15], magcache_ks=[2, 3, 4],
                     magcache_retention=0.2, native_thresholds=[0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5, 0.8],
-                    reps=2 if reps is None else reps, **common)
+                    planned_thresholds=[0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0], reps=2 if reps is None else reps, **common)
     if teacache_thresholds:
         plan.teacache_thresholds = teacache_thresholds
     if magcache_thresholds:
         plan.magcache_thresholds = magcache_thresholds
     if magcache_ks:
         plan.magcache_ks = magcache_ks
+    if planned_thresholds:
+        plan.planned_thresholds = planned_thresholds
+    if magcache_retention is not None:
+        plan.magcache_retention = magcache_retention
     if variant_specs:
         plan.variants = [parse_variant(spec) for spec in variant_specs]
     return plan

@@ -283,7 +283,11 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
         "(disjoint from the evaluation seeds" + ("" if not plan["notes"] else "; " + "; ".join(plan["notes"])) + ").",
         f"- **Sweeps**: ApplyTeaCache threshold {plan['teacache_thresholds']} (max_consecutive_skips {plan['teacache_k']}); "
         f"ApplyMagCache threshold {plan['magcache_thresholds']} x K (max_consecutive_skips) {plan['magcache_ks']}, "
-        f"retention_ratio {plan['magcache_retention']}; each with {' and '.join(plan.get('constants', ['published', 'calibrated']))} "
+        f"retention_ratio {plan['magcache_retention']}"
+        + (f" (the planned rule: error budget {plan['planned_thresholds']}, calibrated constants only)"
+           if plan.get("planned_thresholds") and any(v.get("rule") == "planned" for v in plan.get("variants", []))
+           else "")
+        + f"; each with {' and '.join(plan.get('constants', ['published', 'calibrated']))} "
         "constants, and each combined with the estimator variants: "
         + "; ".join(_variant_text(v) for v in plan.get("variants", [{}]))
         + f". Native EasyCache and LazyCache: reuse_threshold {plan['native_thresholds']}, start_percent 0.15, "
@@ -372,6 +376,8 @@ def _variant_text(v: dict) -> str:
         parts.append("separate CFG branches")
     if v.get("check") not in (None, "off", 0, 0.0):
         parts.append(f"{v['check'].replace('_', '-')} check {v.get('tolerance', 0.1):g}")
+    if v.get("rule") == "planned":
+        parts.append("planned")
     return ", ".join(parts)
 
 

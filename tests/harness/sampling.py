@@ -119,6 +119,16 @@ def apply(model: Any, method: str, **inputs: Any) -> tuple[Any, str]:
     return clone.execute(model, **{**NODE_DEFAULTS[method], **inputs}).result[0], node_id
 
 
+def calibrate(node_name: str, model: Any, job: Job, save: bool = False, **extra: Any) -> tuple[Any, Any, str]:
+    """Run MagCacheCalibrate/TeaCacheCalibrate's execute on ``job``; returns (samples, calibration, report)."""
+    node = getattr(pack("nodes.calibrate_nodes"), node_name)
+    positive, negative = job.conds()
+    latent, calibration, report = node.execute(
+        model, job.seed, job.steps, job.cfg, job.sampler, job.scheduler, positive, negative, job.latent(),
+        job.denoise, save, **extra).result
+    return latent["samples"], calibration, report
+
+
 # CacheSettings fields; every other keyword of ``install`` belongs to the method's settings object.
 RUN_SETTINGS = ("variant", "cache_device", "record_trace")
 
