@@ -304,13 +304,13 @@ class ApplyMagCache(io.ComfyNode):
         calibration, source = calibration_for(config, "ApplyMagCache", model, family, ratios, variant)
         if calibration is not None:
             config = config.with_calibration(calibration, source)
-        if skip_rule == "planned":
-            check_planned(config, calibration)
         elif ratios is not None:
             if not isinstance(ratios, MagRatios):
                 raise ValueError("ApplyMagCache: ratios must come from MagCacheCalibrate or MagCacheRatiosFromText, "
                                  f"got {type(ratios).__name__}")
             config = dataclasses.replace(config, ratios=ratios)
+        if skip_rule == "planned":
+            check_planned(config, calibration)
         candidates = family.possible_variants(model.model) if variant == "auto" else (family.variant(variant),)
         if config.ratios is None and not any(v.magcache is not None for v in candidates):
             what = family.resolve_variant(model.model, families.RunContext()).label
