@@ -14,7 +14,7 @@ INTERFACE = {
     "ApplyTeaCache": (["model", "threshold", "start_percent", "end_percent", "max_consecutive_skips",
                        "cache_device"], ["variant", "coefficients", *ESTIMATOR_INPUTS], ["MODEL"]),
     "ApplyMagCache": (["model", "threshold", "max_consecutive_skips", "retention_ratio", "cache_device"],
-                      ["variant", "ratios", *ESTIMATOR_INPUTS], ["MODEL"]),
+                      ["variant", "ratios", *ESTIMATOR_INPUTS, "skip_rule"], ["MODEL"]),
     "MagCacheCalibrate": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
                            "latent_image", "denoise", "save_calibration"], [], ["LATENT", "MAG_RATIOS", "STRING"]),
     "TeaCacheCalibrate": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
