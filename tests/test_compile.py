@@ -194,7 +194,7 @@ def test_a_whole_model_compile_is_refused_with_the_fix_named(host):
     from comfy.patcher_extension import WrappersMP
     from comfy_api.torch_helpers import set_torch_compile_wrapper
 
-    from harness.sampling import Job, pack, stats
+    from harness.sampling import Job, apply, pack, published_variant, stats
 
     patched, blocks, node_id = cached_pair("flux", **MAGCACHE)
     whole = patched.clone()
@@ -209,6 +209,12 @@ def test_a_whole_model_compile_is_refused_with_the_fix_named(host):
     set_torch_compile_wrapper(after, backend="eager")
     Job("flux", steps=STEPS).run(after)
     assert "Compile Blocks (StepCache)" in stats(node_id)["disabled_reason"]
+
+    # Compile Blocks before the Apply node: the cache runs.
+    first = compile_node(tiny_model("flux"), backend="eager")
+    cached_after, after_id = apply(first, "magcache", variant=published_variant(first), **MAGCACHE)
+    Job("flux", steps=STEPS).run(cached_after)
+    assert stats(after_id)["disabled_reason"] is None and stats(after_id)["calls_skipped"] >= 5
 
     # Compile Blocks after TorchCompileModel re-keys the compile to the blocks: the cache runs.
     rekeyed = pack("nodes.compile_nodes").compile_blocks(whole, backend="eager")
