@@ -22,6 +22,7 @@ automatic dynamic shapes), after which new sizes do not recompile.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +76,15 @@ def swap_in_wrapper(compiled: dict[str, torch.nn.Module]) -> Callable[..., Any]:
     return apply_model_with_compiled_blocks
 
 
+def clone_for_compile(model: Any) -> Any:
+    """A clone that is not a dynamic-VRAM patcher where ComfyUI has those (0.30.0: weights streamed
+    and cast on the fly, which its own TorchCompileModel also avoids by cloning with
+    ``disable_dynamic``); 0.3.75's clone has no such option and its patchers are never dynamic."""
+    if "disable_dynamic" in inspect.signature(model.clone).parameters:
+        return model.clone(disable_dynamic=True)
+    return model.clone()
+
+
 def compile_blocks(model: Any, backend: str = "inductor") -> Any:
     """A clone of ``model`` (a ModelPatcher) whose transformer blocks run compiled, one by one,
     while it samples. Raises ValueError for a model whose family has no block stack the pack hooks."""
@@ -86,7 +96,7 @@ def compile_blocks(model: Any, backend: str = "inductor") -> Any:
             f"Compile Blocks (StepCache): {name} is not a model whose transformer blocks this pack hooks "
             f"one by one, so there is nothing it can compile block by block; use ComfyUI's TorchCompileModel "
             f"(the cache then samples uncached beside it)")
-    patched = model.clone()
+    patched = clone_for_compile(model)
     if patched.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_WRAPPER_KEY):
         LOGGER.info("[StepCache] Compile Blocks replaces the model's whole-model torch.compile with one per block")
         patched.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, COMPILE_WRAPPER_KEY)
