@@ -8,6 +8,8 @@
                 --variants estimators --only "published"      quality and skip counts only,
                            no timing (deterministic, valid on a busy machine); bench-out/ only
     ./dev bench --from-json bench-out/results.json   rewrite report and plot, run nothing
+    ./dev bench --no-sweep --no-overhead --compile    only compiled blocks vs the cache vs both
+                           on the large model (bench-out/ only)
 
 On the reference models (demo.models.load_model("image") and ("video")): uncached, ApplyTeaCache
 and ApplyMagCache at threshold sweeps with the published and with a calibrated set of constants,
@@ -71,6 +73,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier timings)")
     parser.add_argument("--no-overhead", action="store_true", help="skip the large-model no-skip overhead part")
     parser.add_argument("--no-sweep", action="store_true", help="only the large-model overhead part")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time Compile Blocks (StepCache) with and without the cache on the large model "
+                        "(inductor; its first runs compile, minutes on a CPU)")
     parser.add_argument("--overhead-hidden", type=int, default=None, help="default 512 (quick 256)")
     parser.add_argument("--overhead-depth", type=int, nargs=2, default=None, metavar=("DOUBLE", "SINGLE"),
                         help="default 4 8 (quick 2 4)")
@@ -140,8 +145,8 @@ def main(argv: list[str]) -> int:
         settings_out += [runner.run_setting(bench, plan, setting, progress) for setting in plan.settings]
         bench.close()
 
-    overhead_out = None
-    if not args.no_overhead and not args.quality_only:
+    overhead_out = compiled_out = None
+    if (args.compile or not args.no_overhead) and not args.quality_only:
         spec = overhead.OverheadSpec(
             hidden=args.overhead_hidden or (256 if args.quick else 512),
             depth=(args.overhead_depth or ((2, 4) if args.quick else (4, 8)))[0],
@@ -150,7 +155,12 @@ def main(argv: list[str]) -> int:
             reps=args.overhead_reps or (2 if args.quick else 6),
             cfg=args.overhead_cfg,
         )
-        overhead_out = overhead.run_overhead(spec, progress)
+        if not args.no_overhead:
+            overhead_out = overhead.run_overhead(spec, progress)
+        if args.compile:
+            from stepbench import compiled
+
+            compiled_out = compiled.run_compiled(spec, progress)
 
     import comfyui_version
 
@@ -181,8 +191,9 @@ def main(argv: list[str]) -> int:
         },
         "settings": settings_out,
         "overhead": overhead_out,
+        "compiled": compiled_out,
     }
-    docs = args.docs if args.docs is not None else not (args.quick or args.quality_only or args.only)
+    docs = args.docs if args.docs is not None else not (args.quick or args.quality_only or args.only or args.no_sweep)
     tgt = report.write(data, args.out, REPO_ROOT / "docs" if docs else None)
     print()
     print(report.print_targets(tgt))

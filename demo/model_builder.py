@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import comfy.model_detection
+import comfy.model_management
 import comfy.model_patcher
 import comfy.supported_models
 import torch
@@ -117,12 +118,19 @@ def model_config(state_dict: Mapping[str, torch.Tensor], overlay: Mapping[str, A
 def build_model(state_dict: Mapping[str, torch.Tensor], overlay: Mapping[str, Any] | None = None,
                 config_class: str | None = None, dtype: torch.dtype = torch.float32,
                 load_device: torch.device | None = None,
-                offload_device: torch.device | None = None) -> comfy.model_patcher.ModelPatcher:
+                offload_device: torch.device | None = None,
+                compute_dtype: torch.dtype | None = None) -> comfy.model_patcher.ModelPatcher:
     """A ModelPatcher (CPU unless told otherwise) holding exactly these weights, in ``dtype``.
 
-    Raises ValueError when the state dict lacks a weight of the model ComfyUI builds from it."""
+    ``compute_dtype``: the dtype weights are cast to for computing (ComfyUI's manual cast, as for
+    fp8 weights); None lets ComfyUI choose for the load device, as UNETLoader does (none for
+    float32 weights). Raises ValueError when the state dict lacks a weight of the model ComfyUI
+    builds from it."""
     config = model_config(state_dict, overlay, config_class)
-    config.set_inference_dtype(dtype, None)
+    if compute_dtype is None:
+        compute_dtype = comfy.model_management.unet_manual_cast(
+            dtype, load_device or torch.device("cpu"), config.supported_inference_dtypes)
+    config.set_inference_dtype(dtype, None if compute_dtype == dtype else compute_dtype)
     model = config.get_model(dict(state_dict), "")
     missing: list[str] = []
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -120,6 +121,8 @@ class Family:
     # What the generic variant calls the family's architecture, e.g. "flux-architecture model".
     architecture_name: str = ""
     generic: Variant = field(init=False, repr=False, compare=False)
+    # The diffusion model's ModuleList behind each kind of block key (for compiling block by block).
+    block_lists: ClassVar[Mapping[str, str]] = {"double_block": "double_blocks", "single_block": "single_blocks"}
     _variants_by_name: dict[str, Variant] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -168,6 +171,11 @@ class Family:
     def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
         """The ``patches_replace["dit"]`` keys of the block stack, in execution order."""
         return []
+
+    def block_module_keys(self, diffusion_model: torch.nn.Module) -> list[str]:
+        """Each hooked block as a key of the model object (``ModelPatcher.get_model_object``), in
+        ``block_keys`` order, e.g. ``diffusion_model.double_blocks.0``."""
+        return [f"diffusion_model.{self.block_lists[kind]}.{index}" for kind, index in self.block_keys(diffusion_model)]
 
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
         """The TeaCache input signal for the call whose head block receives ``args``."""

@@ -7,6 +7,9 @@ block's modulated image input, as for Qwen-Image. No constants are published for
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
 from .base import BlockKey, Family, Variant
@@ -14,6 +17,8 @@ from .qwen_image import mmdit_modulated_input
 
 
 class LensFamily(Family):
+    block_lists: ClassVar[Mapping[str, str]] = {"double_block": "transformer_blocks"}
+
     def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
         return [("double_block", i) for i in range(len(diffusion_model.transformer_blocks))]
 

@@ -10,6 +10,9 @@ supported: its blocks carry a (video, audio) pair of streams.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 from comfy.ldm.common_dit import rms_norm
 
@@ -21,6 +24,8 @@ class LTXVFamily(Family):
     def shape(self, diffusion_model: torch.nn.Module) -> dict[str, object]:
         return {"width": diffusion_model.inner_dim, "blocks": len(diffusion_model.transformer_blocks),
                 "in_channels": in_features(diffusion_model.patchify_proj)}
+
+    block_lists: ClassVar[Mapping[str, str]] = {"double_block": "transformer_blocks"}
 
     def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
         return [("double_block", i) for i in range(len(diffusion_model.transformer_blocks))]

@@ -14,6 +14,9 @@ architecture: a reference latent in the conditioning tells Edit); no TeaCache co
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
 from . import published_magcache as magcache
@@ -30,6 +33,8 @@ class QwenImageFamily(Family):
     def shape(self, diffusion_model: torch.nn.Module) -> dict[str, object]:
         return {"width": diffusion_model.inner_dim, "blocks": len(diffusion_model.transformer_blocks),
                 "in_channels": in_features(diffusion_model.img_in)}
+
+    block_lists: ClassVar[Mapping[str, str]] = {"double_block": "transformer_blocks"}
 
     def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
         return [("double_block", i) for i in range(len(diffusion_model.transformer_blocks))]

@@ -7,12 +7,17 @@ wrapper are all the cache needs. No TeaCache or MagCache constants are published
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
 from .base import BlockKey, Family, Variant, modulate
 
 
 class SD3Family(Family):
+    block_lists: ClassVar[Mapping[str, str]] = {"double_block": "joint_blocks"}
+
     def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
         return [("double_block", i) for i in range(len(diffusion_model.joint_blocks))]
 

@@ -15,6 +15,9 @@ causal autoregressive Wan (WAN21_CausalAR) runs its blocks without patch points:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
 from . import published_magcache as magcache
@@ -52,6 +55,8 @@ class WanFamily(Family):
             # First-last-frame models add position embeddings to the image embedding.
             "first_last_frame": getattr(image_embedding, "emb_pos", None) is not None,
         }
+
+    block_lists: ClassVar[Mapping[str, str]] = {"double_block": "blocks"}
 
     def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
         return [("double_block", i) for i in range(len(diffusion_model.blocks))]

@@ -9,6 +9,7 @@ from comfy_api.latest import ComfyExtension, io
 
 from .apply_nodes import ApplyMagCache, ApplyTeaCache
 from .calibrate_nodes import CALIBRATION_NODES
+from .compile_nodes import COMPILE_NODES
 from .demo_nodes import DEMO_NODES
 from .reporting import register_routes
 
@@ -31,7 +32,7 @@ def warn_about_taken_node_ids(node_list: list[type[io.ComfyNode]]) -> None:
 
 class StepCacheExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        node_list = [ApplyTeaCache, ApplyMagCache, *CALIBRATION_NODES, *DEMO_NODES]
+        node_list = [ApplyTeaCache, ApplyMagCache, *CALIBRATION_NODES, *COMPILE_NODES, *DEMO_NODES]
         warn_about_taken_node_ids(node_list)
         return node_list
 

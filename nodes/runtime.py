@@ -48,6 +48,8 @@ SETTINGS_KEY = "stepcache"  # transformer_options: the node's settings (no tenso
 RUN_KEY = "stepcache_run"  # transformer_options during a sampling run: its ActiveRun
 WRAPPER_KEY = "stepcache"
 COMPILE_WRAPPER_KEY = "torch.compile"  # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
+# model_options: the compile wrapper Compile Blocks (StepCache) installed (nodes/compile_nodes.py)
+BLOCK_COMPILE_KEY = "stepcache_block_compile"
 # ComfyUI's own step caches (comfy_extras/nodes_easycache.py), by their OUTER_SAMPLE wrapper key.
 NATIVE_CACHES = {"easycache": "EasyCache", "lazycache": "LazyCache"}
 
@@ -384,13 +386,25 @@ def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedu
         return "ControlNet adds to the blocks' outputs, which a cached residual would count twice"
     if guider.model_options.get("context_handler") is not None:
         return "context windows evaluate the model per window; one cached residual cannot serve them all"
-    if guider.model_patcher.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_WRAPPER_KEY):
-        return "torch.compile (TorchCompileModel) is on: its graphs cannot take per-step skip decisions"
+    if compiled_whole(guider.model_patcher):
+        return ("torch.compile of the whole model (TorchCompileModel) is on: its graphs cannot take per-step "
+                "skip decisions; put Compile Blocks (StepCache) in its place, which compiles each transformer "
+                "block and leaves the decisions between them to the cache")
     for key, name in NATIVE_CACHES.items():
         if guider.model_patcher.get_wrappers(WrappersMP.OUTER_SAMPLE, key):
             return (f"ComfyUI's {name} is also on this model: two step caches would reuse each other's "
                     f"stale outputs; remove one of them")
     return None
+
+
+def compiled_whole(model: Any) -> bool:
+    """True when a torch.compile wrapper is on the model that is not Compile Blocks (StepCache)'s
+    own (block by block, hence compatible): TorchCompileModel's, or one added after it."""
+    wrappers = model.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_WRAPPER_KEY)
+    if not wrappers:
+        return False
+    ours = model.model_options.get(BLOCK_COMPILE_KEY)
+    return ours is None or len(wrappers) != 1 or wrappers[0] is not ours.wrapper
 
 
 def resolve_cache_device(choice: str) -> torch.device | None:

@@ -93,6 +93,10 @@ def base_graphs() -> dict[str, tuple[dict, str]]:
     graphs["TeaCacheCoefficientsFromText"] = (tiny_sampling({
         "cache": apply_node("ApplyTeaCache", coefficients=["node", 0]),
         "node": {"class_type": "TeaCacheCoefficientsFromText", "inputs": {"text": "1.0, 0.0"}}}), "node")
+    graphs["StepCacheCompileBlocks"] = (tiny_sampling({
+        "cache": apply_node("ApplyMagCache", model=["node", 0]),
+        "node": {"class_type": "StepCacheCompileBlocks", "inputs": {"model": ["model", 0], "backend": "inductor"}}}),
+        "node")
     for node_id, node in demo.items():
         if node["class_type"].startswith("StepCacheDemo"):
             graphs.setdefault(node["class_type"], (demo, node_id))

@@ -22,6 +22,7 @@ INTERFACE = {
                           ["LATENT", "TEACACHE_COEFFICIENTS", "STRING"]),
     "MagCacheRatiosFromText": (["text", "calibrated_steps", "interleaved"], [], ["MAG_RATIOS"]),
     "TeaCacheCoefficientsFromText": (["text"], [], ["TEACACHE_COEFFICIENTS"]),
+    "StepCacheCompileBlocks": (["model", "backend"], [], ["MODEL"]),
     "StepCacheDemoModel": (["kind"], [], ["MODEL"]),
     "StepCacheDemoPrompt": (["kind", "subject", "batch_size"], [], ["CONDITIONING"]),
     "StepCacheDemoLatent": (["kind", "batch_size", "frames"], [], ["LATENT"]),

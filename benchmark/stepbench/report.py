@@ -364,6 +364,10 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
                     text, "```", "", "</details>", ""]
     if data.get("overhead"):
         out += _overhead_md(data["overhead"])
+    if data.get("compiled"):
+        from .compiled import table
+
+        out += ["## Compiled blocks and the cache", "", table(data["compiled"]), ""]
     return "\n".join(out) + "\n"
 
 
