@@ -120,6 +120,9 @@ class Family:
     class_variants: Mapping[str, str] = field(default_factory=dict)
     # What the generic variant calls the family's architecture, e.g. "flux-architecture model".
     architecture_name: str = ""
+    # Variant options the Apply nodes once offered and no longer do (saved workflows may hold them),
+    # by method: old name -> the variant whose published constants the old option used.
+    legacy_variants: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     generic: Variant = field(init=False, repr=False, compare=False)
     # The diffusion model's ModuleList behind each kind of block key (for compiling block by block).
     block_lists: ClassVar[Mapping[str, str]] = {"double_block": "double_blocks", "single_block": "single_blocks"}
@@ -130,6 +133,11 @@ class Family:
             f"{self.architecture_name or self.name + '-architecture model'} (not a published checkpoint)"))
         object.__setattr__(self, "generic", generic)
         object.__setattr__(self, "_variants_by_name", {v.name: v for v in (*self.variants, generic)})
+        for method, renamed in self.legacy_variants.items():
+            for old, new in renamed.items():
+                if self.variant(new).published(method) is None:
+                    raise ValueError(f"{self.name}: legacy {method} variant {old} maps to {new}, which has no "
+                                     f"published {METHOD_CONSTANTS[method]}")
 
     def variant(self, name: str) -> Variant:
         return self._variants_by_name[name]

@@ -89,6 +89,8 @@ FLUX = FluxFamily(
     ),
     class_variants={"LongCatImage": "longcat-image"},
     architecture_name="flux-architecture model",
+    # Before the variants knew their architectures, flux.1-schnell borrowed FLUX.1-dev's constants.
+    legacy_variants={"teacache": {"flux.1-schnell": "flux.1-dev"}, "magcache": {"flux.1-schnell": "flux.1-dev"}},
 )
 
 FLUX2 = FluxFamily(

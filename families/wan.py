@@ -117,4 +117,7 @@ WAN = WanFamily(
         "WAN21_SCAIL2": "wan2.1-scail2", "WAN22_WanDancer": "wan2.2-wandancer",
     },
     architecture_name="wan-architecture model",
+    # Before the variants knew their architectures, TeaCache on VACE borrowed the T2V coefficients
+    # of the same size (MagCache's VACE variants stay: their ratios are published).
+    legacy_variants={"teacache": {"wan2.1-vace-1.3b": "wan2.1-t2v-1.3b", "wan2.1-vace-14b": "wan2.1-t2v-14b"}},
 )

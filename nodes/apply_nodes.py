@@ -93,10 +93,20 @@ def shared_settings(estimator: str, forecast_order: int, forecast_damping: float
     }
 
 
+LEGACY_VARIANT_NOTE = (
+    " The last names of the list are older options kept so that saved workflows load; each runs as the "
+    "variant whose constants it used, and the log names it."
+)
+
+
 def variant_options(kind: str) -> list[str]:
+    """auto, the variants with published constants for ``kind``, then the legacy names saved
+    workflows may hold (so that they still validate; see ``chosen_variant``)."""
     names = ["auto"]
     for family in families.FAMILIES:
         names += [v.name for v in family.variants if getattr(v, kind) is not None]
+    for family in families.FAMILIES:
+        names += [old for old in family.legacy_variants.get(kind, {}) if old not in names]
     return names
 
 
@@ -114,6 +124,19 @@ def check_variant(family: families.Family, variant: str, node: str) -> None:
             f"{node}: variant '{variant}' is not a {family.name} model (this model's variants: "
             f"{', '.join(family.variant_names)}); choose one of those or auto"
         )
+
+
+def chosen_variant(family: families.Family, variant: str, method: str, node: str) -> str:
+    """The variant to run with: a legacy option (one a saved workflow may hold) becomes the variant
+    whose published constants it used, with a warning naming it; any other is checked as it is."""
+    replacement = family.legacy_variants.get(method, {}).get(variant)
+    if replacement is None:
+        check_variant(family, variant, node)
+        return variant
+    LOGGER.warning("[StepCache] %s: variant '%s' is a legacy option; using '%s', whose published %s it used "
+                   "(choose '%s' to silence this)", node, variant, replacement,
+                   families.METHOD_CONSTANTS[method], replacement)
+    return replacement
 
 
 def calibration_for(config: MethodConfig, node: str, model: object, family: families.Family, given: object | None,
@@ -187,7 +210,7 @@ class ApplyTeaCache(io.ComfyNode):
                 Choice("cache_device", options=["main_device", "offload_device"],
                        default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
                 Choice("variant", options=variant_options("teacache"), default="auto",
-                       tooltip=VARIANT_TOOLTIP, optional=True),
+                       tooltip=VARIANT_TOOLTIP + LEGACY_VARIANT_NOTE, optional=True),
                 TeaCacheCoefficientsType.Input(
                     "coefficients", optional=True,
                     tooltip="A polynomial from TeaCacheCalibrate (or typed in); overrides the published one. "
@@ -219,7 +242,7 @@ class ApplyTeaCache(io.ComfyNode):
         family = resolve_family(model, "ApplyTeaCache")
         if family is None:
             return io.NodeOutput(model)
-        check_variant(family, variant, "ApplyTeaCache")
+        variant = chosen_variant(family, variant, "teacache", "ApplyTeaCache")
         config = TeaCacheConfig(
             threshold=threshold, max_consecutive_skips=max_consecutive_skips, start_percent=start_percent,
             end_percent=end_percent,
@@ -262,7 +285,7 @@ class ApplyMagCache(io.ComfyNode):
                 Choice("cache_device", options=["main_device", "offload_device"],
                        default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
                 Choice("variant", options=variant_options("magcache"), default="auto",
-                       tooltip=VARIANT_TOOLTIP, optional=True),
+                       tooltip=VARIANT_TOOLTIP + LEGACY_VARIANT_NOTE, optional=True),
                 MagRatiosType.Input(
                     "ratios", optional=True,
                     tooltip="Magnitude ratios from MagCacheCalibrate (or typed in); override the published ones. "
@@ -295,7 +318,7 @@ class ApplyMagCache(io.ComfyNode):
         family = resolve_family(model, "ApplyMagCache")
         if family is None:
             return io.NodeOutput(model)
-        check_variant(family, variant, "ApplyMagCache")
+        variant = chosen_variant(family, variant, "magcache", "ApplyMagCache")
         config = MagCacheConfig(
             threshold=threshold, max_consecutive_skips=max_consecutive_skips, retention_ratio=retention_ratio,
             skip_rule=skip_rule,

@@ -188,13 +188,6 @@ def test_wan22_s2v_is_cached_where_comfyui_hands_its_blocks_transformer_options(
         assert torch.equal(out, expected)
 
 
-# Classes the pack cached before this survey whose tiny models are still to be written (their
-# forwards are their family's: Wan's blocks with extra inputs, HunyuanVideo's with an image
-# concat, Chroma's in pixel space, Cosmos 1 in output space).
-WITHOUT_TINY_MODEL = {"HunyuanVideoI2V", "HunyuanVideoSkyreelsI2V", "WAN21_Camera", "WAN21_HuMo",
-                      "WAN22_Animate", "ChromaRadiance", "CosmosVideo"}
-
-
 def test_every_model_class_of_this_comfyui_is_cached_and_tested_or_unsupported_with_a_reason(host):
     """The survey of comfy.model_base, against the ComfyUI under test: a class is cached by one
     family (and has a tiny model here) or listed in families.UNSUPPORTED with why."""
@@ -217,5 +210,5 @@ def test_every_model_class_of_this_comfyui_is_cached_and_tested_or_unsupported_w
 
     built = {type(tiny.build_model(name).model).__name__ for name, spec in tiny.FAMILIES.items()
              if hasattr(comfy.supported_models, spec.config_class)}
-    untested = (present & set(cached)) - built - WITHOUT_TINY_MODEL
+    untested = (present & set(cached)) - built
     assert not untested, f"cached classes without a tiny model: {sorted(untested)}"

@@ -77,3 +77,25 @@ def test_a_node_id_taken_by_another_pack_is_reported(host, monkeypatch, caplog):
         pack.warn_about_taken_node_ids([pack.ApplyMagCache, *pack.CALIBRATION_NODES])
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "MagCacheCalibrate" in warnings[0] and "some-other-magcache-pack" in warnings[0]
+
+
+# Every variant option the Apply nodes have offered (git history of families/ since the first
+# release). A saved workflow holding one must still validate: removing one breaks users' files.
+EVER_OFFERED_VARIANTS = {
+    "ApplyTeaCache": ["auto", "flux.1-dev", "flux.1-schnell", "flux.1-kontext", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b",
+                      "wan2.1-i2v-480p", "wan2.1-i2v-720p", "wan2.1-vace-1.3b", "wan2.1-vace-14b",
+                      "hunyuanvideo-720p", "hunyuanvideo-544p", "ltx-video"],
+    "ApplyMagCache": ["auto", "flux.1-dev", "flux.1-schnell", "flux.1-kontext", "chroma", "wan2.1-t2v-1.3b",
+                      "wan2.1-t2v-14b", "wan2.1-i2v-480p", "wan2.1-i2v-720p", "wan2.1-vace-1.3b", "wan2.1-vace-14b",
+                      "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b-t2v", "wan2.2-ti2v-5b-i2v",
+                      "hunyuanvideo-720p", "hunyuanvideo-544p", "hunyuanvideo1.5-20step", "hunyuanvideo1.5-40step",
+                      "qwen-image", "qwen-image-edit"],
+}
+
+
+@pytest.mark.parametrize("node_id", sorted(EVER_OFFERED_VARIANTS))
+def test_every_variant_option_ever_offered_is_still_offered(pack_nodes, node_id):
+    spec = pack_nodes[node_id].INPUT_TYPES()["optional"]["variant"]
+    options = spec[0] if isinstance(spec[0], list) else spec[1]["options"]
+    missing = [name for name in EVER_OFFERED_VARIANTS[node_id] if name not in options]
+    assert not missing, f"{node_id}: saved workflows holding {missing} no longer validate"

@@ -31,6 +31,23 @@ def test_random_run_sequences_never_fail_leak_or_carry_state(fuzz):
     assert not report.failures, report.summary()
 
 
+def test_the_sequence_draws_every_tiny_model_of_the_registry_and_names_what_it_cannot(fuzz, host):
+    tiny = host.test_module("tiny_models").FAMILIES
+    pack = [family.name for family in host.pack_module("families").FAMILIES]
+    covered = fuzz.coverage()
+    cached_models = [name for name, spec in tiny.items() if spec.family in pack]
+    assert set(covered.tiny_models) | {n.split(" ")[0] for n in covered.tiny_models_not_built} == set(cached_models)
+    assert set(covered.tiny_models) == {name for name in cached_models if tiny[name].available()}
+    assert {tiny[name].family for name in covered.per_family} | set(covered.families_not_covered) == set(pack)
+    # Frame counts vary for video models only; image models on 5-D latents (Qwen-Image) take one.
+    assert covered.video == {name for name in covered.tiny_models
+                             if tiny[name].is_video and tiny[name].latent_spatial[0] > 1}
+    assert "qwen_image" not in covered.video and "wan21" in covered.video
+    # What it cannot build is in the report, by name.
+    summary = fuzz.Report(covered=covered).summary()
+    assert all(name in summary for name in covered.families_not_covered + covered.tiny_models_not_built)
+
+
 def test_two_hundred_runs_with_changing_shapes_hold_no_memory(fuzz):
     soak = fuzz.soak(runs=200)
     print(soak.summary())

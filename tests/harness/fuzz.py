@@ -36,8 +36,6 @@ import torch
 
 from . import sampling
 
-FAMILIES = ["flux", "flux2", "chroma", "wan21", "hunyuan_video", "qwen_image", "ltxv", "sd3", "lumina2"]
-VIDEO = {"wan21", "hunyuan_video", "ltxv"}
 SAMPLERS = ["euler", "euler_ancestral", "heun", "dpmpp_2m", "dpmpp_2s_ancestral", "uni_pc", "lcm"]
 SCHEDULERS = ["simple", "normal", "karras", "exponential", "sgm_uniform", "beta"]
 # Thresholds: 0 (never skip), a moderate one, and one that skips nearly everything.
@@ -50,6 +48,56 @@ CHECKS = [("off", 0.1), ("off", 0.1), ("first_block", 0.05), ("first_block", 10.
           ("hindsight", 10.0)]
 MIN_STEPS_TO_CACHE = 10
 INTERRUPT_WRAPPER_KEY = "stepcache-fuzz-interrupt"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which tiny models a sequence draws from, derived from the registries: every tiny model this
+    ComfyUI can build (tests/harness/comfy_test_nodes/tiny_models.py) whose pack family is in
+    families.FAMILIES; and what is left out, with why, so that nothing is dropped silently."""
+
+    tiny_models: tuple[str, ...]
+    video: frozenset[str]
+    # One tiny model per pack family (its first registered one): what the soak cycles through.
+    per_family: tuple[str, ...]
+    # Pack families without a tiny model this ComfyUI can build, and tiny models it cannot build.
+    families_not_covered: tuple[str, ...]
+    tiny_models_not_built: tuple[str, ...]
+
+    def summary(self) -> str:
+        return "\n".join([
+            f"tiny models drawn: {len(self.tiny_models)} of {len(self.per_family)} pack families",
+            "pack families without a tiny model this ComfyUI builds: "
+            + (", ".join(self.families_not_covered) or "none"),
+            "tiny models this ComfyUI cannot build: " + (", ".join(self.tiny_models_not_built) or "none"),
+        ])
+
+
+def takes_frames(spec: Any) -> bool:
+    """A video model: a 5-D latent whose tiny model has more than one frame (image models that
+    ComfyUI runs on 5-D latents, e.g. Qwen-Image, have one)."""
+    return spec.is_video and spec.latent_spatial[0] > 1
+
+
+def coverage() -> Coverage:
+    tiny = sampling.tiny()
+    pack_families = [family.name for family in sampling.pack("families").FAMILIES]
+    drawn, not_built, first = [], [], {}
+    for name, spec in tiny.FAMILIES.items():
+        if spec.family not in pack_families:
+            continue  # a model the pack does not cache (the UNet used by fallback tests)
+        if not spec.available():
+            not_built.append(f"{name} (this ComfyUI has no {spec.config_class} or cannot drive it)")
+            continue
+        drawn.append(name)
+        first.setdefault(spec.family, name)
+    return Coverage(
+        # Frame counts vary only for video models: image models on 5-D latents take one frame.
+        tiny_models=tuple(drawn), video=frozenset(n for n in drawn if takes_frames(tiny.FAMILIES[n])),
+        per_family=tuple(first[f] for f in pack_families if f in first),
+        families_not_covered=tuple(f for f in pack_families if f not in first),
+        tiny_models_not_built=tuple(not_built),
+    )
 
 
 @dataclass(frozen=True)
@@ -94,8 +142,8 @@ class RunSpec:
             return job.run_advanced(model, *self.advanced)
 
 
-def draw(rng: random.Random) -> RunSpec:
-    family = rng.choice(FAMILIES)
+def draw(rng: random.Random, covered: Coverage) -> RunSpec:
+    family = rng.choice(covered.tiny_models)
     method = rng.choice(["teacache", "magcache"])
     steps = rng.choice([6, 10, 12, 14, 16])
     advanced = None
@@ -107,7 +155,7 @@ def draw(rng: random.Random) -> RunSpec:
         cfg_branches=rng.choice(CFG_BRANCHES), check=rng.choice(CHECKS), steps=steps,
         cfg=rng.choice([1.0, 3.0, 3.0]), sampler=rng.choice(SAMPLERS), scheduler=rng.choice(SCHEDULERS),
         denoise=rng.choice([1.0, 1.0, 0.6]) if advanced is None else 1.0, batch=rng.choice([1, 1, 2]),
-        scale=rng.choice([1, 1, 2]), frames=rng.choice([None, 2, 3]) if family in VIDEO else None,
+        scale=rng.choice([1, 1, 2]), frames=rng.choice([None, 2, 3]) if family in covered.video else None,
         advanced=advanced,
         interrupt_after=rng.randrange(1, max(2, steps - 1)) if rng.random() < 0.15 else None,
         seed=rng.randrange(1000),
@@ -118,6 +166,7 @@ def draw(rng: random.Random) -> RunSpec:
 class Report:
     runs: int = 0
     interrupted: int = 0
+    interrupted_at_next_node: int = 0  # of those: every remaining call skipped in output space
     cached_runs: int = 0
     identical_checks: int = 0
     families: Counter = field(default_factory=Counter)
@@ -130,6 +179,7 @@ class Report:
     rss_peak: int = 0
     rss_end: int = 0
     seconds: float = 0.0
+    covered: Coverage | None = None
 
     @property
     def failures(self) -> list[str]:
@@ -138,9 +188,11 @@ class Report:
     def summary(self) -> str:
         mib = 1 << 20
         return "\n".join([
-            f"runs {self.runs} ({self.cached_runs} caching, {self.interrupted} interrupted, "
+            f"runs {self.runs} ({self.cached_runs} caching, {self.interrupted} interrupted "
+            f"({self.interrupted_at_next_node} of them only at the next node), "
             f"{self.identical_checks} checked bit-identical to unpatched) in {self.seconds:.0f} s",
-            "families: " + ", ".join(f"{k} {v}" for k, v in sorted(self.families.items())),
+            *([self.covered.summary()] if self.covered is not None else []),
+            "tiny models: " + ", ".join(f"{k} {v}" for k, v in sorted(self.families.items())),
             f"exceptions: {len(self.exceptions)}",
             f"stale-state mismatches: {len(self.stale_state_mismatches)}",
             f"uncached runs not identical to unpatched: {len(self.uncached_mismatches)}",
@@ -164,6 +216,7 @@ class Driver:
         self.borrowed_ratios = sampling.pack("families.published_magcache").FLUX_DEV
         self.base: dict[str, Any] = {}
         self.patched: dict[tuple, tuple[Any, str]] = {}
+        self.interrupted_at_next_node = False
 
     def base_model(self, family: str) -> Any:
         if family not in self.base:
@@ -242,6 +295,7 @@ class Driver:
                 report.leaks.append(f"{spec}: {Counter(leaked)}")
         if output is None:
             report.interrupted += 1
+            report.interrupted_at_next_node += self.interrupted_at_next_node
             return
         if (problem := self.check_stats(spec, node_id)) is not None:
             report.stats_errors.append(f"{spec}: {problem}")
@@ -261,6 +315,7 @@ class Driver:
         callback once ``interrupt_after`` steps have completed, wrapped in through ComfyUI's
         SAMPLER_SAMPLE wrapper: every step reaches that callback, while the progress hook the
         server uses is throttled (since ComfyUI 0.30.0, to one update per 100 ms)."""
+        self.interrupted_at_next_node = False
         if spec.interrupt_after is None or spec.interrupt_after >= spec.schedule_steps:
             return spec.run(model)
 
@@ -279,11 +334,18 @@ class Driver:
                                    interrupt_after_steps)
         try:
             output = spec.run(model)
+            # A run whose remaining model calls were all skipped in output space runs no ComfyUI op
+            # after the flag is set, so it finishes; ComfyUI's executor raises the interrupt before
+            # the next node (nodes.before_node_execution), as here.
+            requested = comfy.model_management.processing_interrupted()
+            self.interrupted_at_next_node = requested
+            comfy.model_management.throw_exception_if_processing_interrupted()
         except comfy.model_management.InterruptProcessingException:
             return None
         finally:
             comfy.model_management.interrupt_current_processing(False)
-        raise AssertionError(f"asked to interrupt after step {spec.interrupt_after}, the run finished: {output.shape}")
+        raise AssertionError(f"asked to interrupt after step {spec.interrupt_after}, the step callback never did "
+                             f"(flag {requested}); the run finished: {output.shape}")
 
 
 def run_sequence(runs: int, seed: int) -> Report:
@@ -291,12 +353,13 @@ def run_sequence(runs: int, seed: int) -> Report:
     logging.getLogger("stepcache").setLevel(logging.ERROR)  # one line per run would drown the report
     rng = random.Random(seed)
     driver = Driver()
-    report = Report()
+    covered = coverage()
+    report = Report(covered=covered)
     process = psutil.Process()
     started = time.perf_counter()
     report.rss_start = report.rss_peak = process.memory_info().rss
     for _ in range(runs):
-        driver.one_run(draw(rng), report)
+        driver.one_run(draw(rng, covered), report)
         report.rss_peak = max(report.rss_peak, process.memory_info().rss)
     report.rss_end = process.memory_info().rss
     report.seconds = time.perf_counter() - started
@@ -316,11 +379,14 @@ class SoakReport:
     seconds: float
     rss_checkpoints: list[int]  # every 50 runs
     cached: bool = True
+    families: tuple[str, ...] = ()
+    warmup: int = 0
 
     def summary(self) -> str:
         mib = 1 << 20
         what = "cached" if self.cached else "uncached (control)"
-        return (f"soak, {what}: {self.runs} runs in {self.seconds:.0f} s; RSS after warm-up {self.rss_after_warmup / mib:.0f} MiB, "
+        return (f"soak, {what}: {self.runs} runs over {len(self.families)} tiny models ({', '.join(self.families)}) "
+                f"in {self.seconds:.0f} s; RSS after {self.warmup} warm-up runs {self.rss_after_warmup / mib:.0f} MiB, "
                 f"peak {self.rss_peak / mib:.0f} MiB, end {self.rss_end / mib:.0f} MiB "
                 f"(drift {(self.rss_end - self.rss_after_warmup) / mib:+.1f} MiB); live torch tensors after warm-up "
                 f"{self.tensors_after_warmup}, at the end {self.tensors_end}; cache objects alive at the end "
@@ -335,23 +401,35 @@ def live_tensor_count() -> int:
 
 def soak(runs: int = 200, warmup: int = 20, seed: int = 0, cached: bool = True) -> SoakReport:
     """Consecutive cached runs on the same patched models with shapes changing every run
-    (``cached=False``: the same runs on the unpatched models, the allocator's own drift)."""
+    (``cached=False``: the same runs on the unpatched models, the allocator's own drift). The runs
+    cycle through one tiny model per pack family; every model is built, and every family has run
+    twice, before the warm-up's measurement, so later growth is the runs' own."""
     logging.getLogger("stepcache").setLevel(logging.ERROR)
     rng = random.Random(seed)
     driver = Driver()
+    soaked = coverage().per_family
+    warmup = max(warmup, 2 * len(soaked))
+    specs = []
+    for index in range(runs):
+        family = soaked[index % len(soaked)]
+        # Settings change with each pass over the families, so each family meets every one. Scale
+        # stays at most 2, the largest the tiny models' learned position tables take (SD3, Cosmos).
+        turn = index // len(soaked)
+        video = takes_frames(driver.tiny.FAMILIES[family])
+        specs.append(RunSpec(
+            family=family, method=("magcache", "teacache")[turn % 2], threshold=5.0,
+            estimator=ESTIMATORS[turn % len(ESTIMATORS)], cfg_branches=CFG_BRANCHES[(turn // 2) % 2],
+            check=CHECKS[turn % len(CHECKS)], steps=10, cfg=3.0, sampler="euler", scheduler="simple", denoise=1.0,
+            batch=rng.choice([1, 2, 3]), scale=rng.choice([1, 2]), frames=rng.choice([1, 2, 4]) if video else None,
+            advanced=None, interrupt_after=None, seed=index,
+        ))
+    models = [driver.reused(spec)[0] if cached else driver.base_model(spec.family) for spec in specs]
     process = psutil.Process()
     started = time.perf_counter()
     rss_after_warmup = tensors_after_warmup = rss_peak = 0
     checkpoints = []
-    for index in range(runs):
-        family = ("flux", "wan21", "qwen_image")[index % 3]
-        spec = RunSpec(family=family, method=("magcache", "teacache")[index % 2], threshold=5.0,
-                       estimator=ESTIMATORS[index % len(ESTIMATORS)], cfg_branches=CFG_BRANCHES[index % 2],
-                       check=CHECKS[index % len(CHECKS)], steps=10,
-                       cfg=3.0, sampler="euler", scheduler="simple", denoise=1.0, batch=rng.choice([1, 2, 3]),
-                       scale=rng.choice([1, 2, 3]), frames=rng.choice([1, 2, 4]) if family == "wan21" else None,
-                       advanced=None, interrupt_after=None, seed=index)
-        spec.run(driver.reused(spec)[0] if cached else driver.base_model(family))
+    for index, (spec, model) in enumerate(zip(specs, models, strict=True)):
+        spec.run(model)
         if (index + 1) % 50 == 0:
             checkpoints.append(process.memory_info().rss)
         if index + 1 == warmup:
@@ -361,4 +439,4 @@ def soak(runs: int = 200, warmup: int = 20, seed: int = 0, cached: bool = True) 
     logging.getLogger("stepcache").setLevel(logging.NOTSET)
     return SoakReport(runs, rss_after_warmup, rss_peak, process.memory_info().rss, tensors_after_warmup,
                       live_tensor_count(), len(driver.live_cache_objects()), time.perf_counter() - started,
-                      checkpoints, cached)
+                      checkpoints, cached, soaked, warmup)

@@ -174,12 +174,37 @@ register(TinyFamily(
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_pooled(0),
 ))
 
+# Chroma Radiance: Chroma's blocks in pixel space: RGB patchified 4 x 4 here (16 in the real
+# model) in, and a small per-pixel "NeRF" MLP head after the blocks that decodes each patch.
+register(TinyFamily(
+    name="chroma_radiance",
+    config_class="ChromaRadiance",
+    family="chroma", variant="chroma-radiance",
+    latent_channels=3, latent_spatial=(32, 32), context_dim=64, extra_cond=_pooled(0),
+))
+
 # --- HunyuanVideo: Flux-like blocks, but single blocks run over cat(img, txt) -----------------
 
 register(TinyFamily(
     name="hunyuan_video",
     config_class="HunyuanVideo",
     family="hunyuan_video", variant="hunyuan_video-architecture",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_pooled(32, guidance=6.0),
+))
+
+# HunyuanVideo I2V (in_channels 33 = 16 noise + 16 start-image + 1 mask) and SkyReels I2V (32:
+# noise + start image): HunyuanVideo's blocks with the image concatenated to the input. The concat
+# is left to ComfyUI's default (zeros, and the mask), as a run without a start image gets it.
+register(TinyFamily(
+    name="hunyuan_video_i2v",
+    config_class="HunyuanVideoI2V",
+    family="hunyuan_video", variant="hunyuanvideo-i2v",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_pooled(32, guidance=6.0),
+))
+register(TinyFamily(
+    name="hunyuan_video_skyreels_i2v",
+    config_class="HunyuanVideoSkyreelsI2V",
+    family="hunyuan_video", variant="skyreels-i2v",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_pooled(32, guidance=6.0),
 ))
 
@@ -289,6 +314,17 @@ register(TinyFamily(
     config_class="HiDream",
     family="hidream", variant="hidream",
     latent_channels=16, latent_spatial=(16, 16), context_dim=64, extra_cond=_hidream_extra,
+))
+
+# Cosmos 1 (CosmosVideo, text to video): blocks of self-attention, cross-attention and MLP over
+# a (T, H, W, B, D) grid with AdaLN-LoRA, 3-D RoPE and learned per-block position tables, sized
+# by max_img_h/w and max_frames (32 x 32 x 8 here: 240 x 240 x 128 in the real model). No dit
+# block patches.
+register(TinyFamily(
+    name="cosmos1",
+    config_class="CosmosT2V",
+    family="cosmos", variant="cosmos",
+    latent_channels=16, latent_spatial=(2, 8, 8), context_dim=64,
 ))
 
 # Cosmos-Predict2 (text-to-image): self/cross-attention blocks over a (B, T, H, W, D) grid with
@@ -426,6 +462,33 @@ register(TinyFamily(
     name="wan21_i2v",
     config_class="WAN21_I2V",
     family="wan", variant="wan-architecture",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_wan_i2v_extra,
+))
+
+
+# Wan Fun Camera (in_dim 32 = 16 noise + 16 start-image channels; image cross-attention) and
+# Wan 2.2 Animate (36, as I2V; five layers, the fewest that give it a face-adapter block), with
+# CLIP-vision tokens as I2V. HuMo: Wan T2V blocks with an audio cross-attention. What they add
+# before the blocks (camera poses, face and pose videos, audio, reference frames) is optional and
+# left out: its sizes are fixed to pixel and audio resolutions, and the blocks and the hooks'
+# call structure are the same without it. HuMo's audio projection and Animate's motion encoder
+# have fixed widths (about 40 M weights each, the bulk of these models).
+register(TinyFamily(
+    name="wan21_camera",
+    config_class="WAN21_Camera",
+    family="wan", variant="wan-camera",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_wan_i2v_extra,
+))
+register(TinyFamily(
+    name="wan21_humo",
+    config_class="WAN21_HuMo",
+    family="wan", variant="wan2.1-humo",
+    latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64,
+))
+register(TinyFamily(
+    name="wan22_animate",
+    config_class="WAN22_Animate",
+    family="wan", variant="wan2.2-animate",
     latent_channels=16, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_wan_i2v_extra,
 ))
 
