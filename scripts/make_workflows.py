@@ -60,10 +60,11 @@ class NodeSpec:
     panel: int = 0
 
 
-# The optional inputs both Apply nodes share (nodes/apply_nodes.py), and their defaults.
-ESTIMATOR_DEFAULTS = {"estimator": "reuse", "forecast_order": 1, "forecast_damping": 0.5, "cfg_branches": "together",
-                      "check": "off", "check_tolerance": 0.1}
-ESTIMATOR_WIDGETS = tuple(ESTIMATOR_DEFAULTS)
+# The optional inputs both Apply nodes share (nodes/apply_nodes.py), and each node's defaults.
+TEACACHE_SHARED_DEFAULTS = {"estimator": "reuse", "forecast_order": 1, "forecast_damping": 0.5,
+                            "cfg_branches": "together", "check": "off", "check_tolerance": 0.06}
+MAGCACHE_SHARED_DEFAULTS = {**TEACACHE_SHARED_DEFAULTS, "estimator": "damped_forecast", "check": "hindsight"}
+ESTIMATOR_WIDGETS = tuple(TEACACHE_SHARED_DEFAULTS)
 
 # Room for the web extension's panels (graph units, measured in both node renderings of
 # tests/test_browser.py with two CFG branches, plus a margin).
@@ -340,14 +341,18 @@ class Workflow:
 # The graphs ------------------------------------------------------------------------------
 
 MAGCACHE_DEFAULTS = {"threshold": 0.06, "max_consecutive_skips": 2, "retention_ratio": 0.2,
-                     "cache_device": "main_device", "variant": "auto", **ESTIMATOR_DEFAULTS, "skip_rule": "magnitude"}
+                     "cache_device": "main_device", "variant": "auto", **MAGCACHE_SHARED_DEFAULTS,
+                     "skip_rule": "magnitude"}
 
 TUNING_MAGCACHE = """
 **Tuning** (Apply MagCache): raise `threshold` (0.06 -> 0.1 -> 0.2) or `max_consecutive_skips`
 (2 -> 3-5) for more speed, lower them for fidelity; `retention_ratio` is the first part of the
 denoising that always computes (lower = faster, the layout may change). Keep the seed fixed and
 bypass the cache node (Ctrl+B) to compare with the uncached result. The console line
-`[StepCache] ...: skipped N/M steps ... (x.xx x)` says what each run skipped.
+`[StepCache] ...: skipped N/M steps ... (x.xx x)` says what each run skipped, and how many skips
+the `hindsight` check refused: `check_tolerance` (0.06) is the error it lets a skip make; raise it
+if it refuses most skips on your model, or set `estimator: reuse` and `check: off` for the
+published method as it is.
 """
 
 TUNING_TEACACHE = """
@@ -416,7 +421,8 @@ def flux2_dev_teacache() -> Workflow:
     unet, vae, _text, guided = flux2_models_and_prompt(w)
     latent = w.add("EmptyFlux2LatentImage", 1, width=1024, height=1024, batch_size=1)
     cache = w.add("ApplyTeaCache", 2, model=unet.out(), threshold=0.1, start_percent=0.0, end_percent=1.0,
-                  max_consecutive_skips=3, cache_device="main_device", variant="auto", **ESTIMATOR_DEFAULTS)
+                  max_consecutive_skips=3, cache_device="main_device", variant="auto",
+                  **TEACACHE_SHARED_DEFAULTS)
     noise = w.add("RandomNoise", 3, noise_seed=42)
     guider = w.add("BasicGuider", 3, model=cache.out(), conditioning=guided.out())
     sampler_select = w.add("KSamplerSelect", 3, sampler_name="euler")
@@ -705,7 +711,8 @@ def demo_image_teacache() -> Workflow:
     w.groups = {0: "Built-in model, no downloads", 1: "Step cache", 2: "Sample and save"}
     model, positive, negative, latent = _demo_inputs(w, "disc")
     cache = w.add("ApplyTeaCache", 1, model=model.out(), threshold=0.2, start_percent=0.0, end_percent=1.0,
-                  max_consecutive_skips=3, cache_device="main_device", variant="flux.1-dev", **ESTIMATOR_DEFAULTS)
+                  max_consecutive_skips=3, cache_device="main_device", variant="flux.1-dev",
+                  **TEACACHE_SHARED_DEFAULTS)
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_demo")
     w.note(f"""
 ## StepCache demo: TeaCache on the built-in model
@@ -729,7 +736,7 @@ def demo_image_calibrate_magcache() -> Workflow:
     w.add("PreviewAny", 1, title="Calibration report", source=calibrate.out(2))
     cache = w.add("ApplyMagCache", 2, model=model.out(), ratios=calibrate.out(1), threshold=0.1,
                   max_consecutive_skips=3, retention_ratio=0.2, cache_device="main_device", variant="auto",
-                  **ESTIMATOR_DEFAULTS, skip_rule="magnitude")
+                  **MAGCACHE_SHARED_DEFAULTS, skip_rule="magnitude")
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_calibrated")
     w.note(f"""
 ## StepCache demo: calibrate MagCache, then sample with it

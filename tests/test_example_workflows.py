@@ -349,9 +349,10 @@ def test_api_workflow_runs_on_the_server_with_tiny_models(path, server, host):
         assert run["calls_computed"] > 0
         cache = graph[run["node"]]
         if cache["class_type"] == "ApplyMagCache" and "ratios" not in cache["inputs"]:
-            # With published ratios MagCache skips by the table, whatever the weights. (Ratios
-            # calibrated on a random tiny model may allow no skip at the workflow's threshold.)
-            assert run["calls_skipped"] > 0, run
+            # With published ratios MagCache wants skips by the table, whatever the weights; the
+            # default hindsight check may refuse them, as random weights do not evolve smoothly.
+            # (Ratios calibrated on a random tiny model may allow no skip at the workflow's threshold.)
+            assert run["calls_skipped"] + run["refused"] > 0, run
             assert run["constants"].startswith("published ") and run["constants"].endswith(
                 ", chosen with the variant input"), run
     if any(node["class_type"] == "MagCacheCalibrate" for node in graph.values()):

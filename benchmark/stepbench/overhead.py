@@ -7,7 +7,9 @@ per repetition (A B C D, A B C D, ...):
 
 - A: the unpatched model;
 - B: ApplyMagCache with threshold 1e-9: the cache is installed and active (stack input copied,
-  residual kept on every call) but never skips;
+  residual kept on every call) but never skips; the published method (reuse, no check);
+- B': the same with ApplyMagCache's defaults (damped forecast, hindsight check: every computed
+  call also measures the estimator's error there);
 - C: ApplyTeaCache with threshold 1e-9: the same, plus the TeaCache signal on every call;
 - D: ApplyMagCache that does skip, to see how wall time tracks block evaluations when the
   blocks dominate.
@@ -40,10 +42,17 @@ from comfy.patcher_extension import WrappersMP
 from harness import host as host_module
 from harness import sampling as harness_sampling
 
+from .report import NO_SKIP_NAMES
 from .runner import PROBE_WRAPPER_KEY, PUBLISHED_VARIANT, MemoryProbe
 
 NO_SKIP_THRESHOLD = 1e-9
 TIMER_WRAPPER_KEY = "stepbench-call-timer"
+
+
+def magcache_node_defaults() -> dict[str, Any]:
+    """ApplyMagCache's inputs as a node placed in the UI has them."""
+    node = harness_sampling.pack("nodes.apply_nodes").ApplyMagCache
+    return {i.id: i.default for i in node.GET_SCHEMA().inputs if getattr(i, "default", None) is not None}
 
 
 class CallTimer:
@@ -152,13 +161,16 @@ def run_overhead(spec: OverheadSpec, progress: Callable[[str], None]) -> dict:
         if name == "magcache no-skip":
             return harness_sampling.apply(model, "magcache", threshold=NO_SKIP_THRESHOLD, max_consecutive_skips=2,
                                           retention_ratio=0.2, variant=PUBLISHED_VARIANT)
+        if name == "magcache defaults no-skip":
+            return harness_sampling.apply(model, "magcache", **magcache_node_defaults(), threshold=NO_SKIP_THRESHOLD,
+                                          variant=PUBLISHED_VARIANT)
         if name == "teacache no-skip":
             return harness_sampling.apply(model, "teacache", threshold=NO_SKIP_THRESHOLD, max_consecutive_skips=3,
                                           variant=PUBLISHED_VARIANT)
         return harness_sampling.apply(model, "magcache", threshold=spec.skip_threshold,
                                       max_consecutive_skips=spec.skip_k, retention_ratio=0.2, variant=PUBLISHED_VARIANT)
 
-    names = ["unpatched", "magcache no-skip", "teacache no-skip", "magcache skipping"]
+    names = ["unpatched", *NO_SKIP_NAMES, "magcache skipping"]
     info: dict[str, dict] = {name: {} for name in names}
     outputs: dict[str, torch.Tensor] = {}
     # Untimed warm-up, with the memory probe on the cached ones.

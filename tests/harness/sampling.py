@@ -82,10 +82,15 @@ class Job:
                                           seed=self.seed)
 
 
+# The mechanics tests run the published methods (reuse, no check) unless they choose an estimator or
+# a check: ApplyMagCache's own defaults (damped forecast + hindsight check) refuse the forced skips
+# those tests make on purpose. tests/test_defaults.py, the example workflows and the fuzz run them.
+PUBLISHED_METHOD = dict(estimator="reuse", check="off")
 NODE_DEFAULTS = {
     "teacache": dict(threshold=0.4, start_percent=0.0, end_percent=1.0, max_consecutive_skips=3,
-                     cache_device="main_device"),
-    "magcache": dict(threshold=0.06, max_consecutive_skips=2, retention_ratio=0.2, cache_device="main_device"),
+                     cache_device="main_device", **PUBLISHED_METHOD),
+    "magcache": dict(threshold=0.06, max_consecutive_skips=2, retention_ratio=0.2, cache_device="main_device",
+                     **PUBLISHED_METHOD),
 }
 
 
