@@ -87,7 +87,10 @@ def test_cached_graph_over_http_reports_its_stats(server):
     assert run["constants"] == CHOSEN_FLUX_RATIOS
     assert {b["branch"] for b in run["branches"]} == {"cond", "uncond"}
     assert run["calls_computed"] + run["calls_skipped"] == 12 and run["calls_skipped"] > 0
-    assert f"[StepCache] {GENERIC_FLUX}: MagCache ({CHOSEN_FLUX_RATIOS}): cond: skipped" in server.log()
+    # The graph leaves the optional inputs out, as API clients do: it gets the node's defaults.
+    assert (f"[StepCache] {GENERIC_FLUX}: MagCache + damped forecast (damping 0.5) ({CHOSEN_FLUX_RATIOS}): "
+            "cond: skipped") in server.log()
+    assert run["estimator"] == "damped forecast (damping 0.5)" and "refused by the hindsight check" in server.log()
 
 
 def test_a_model_without_published_ratios_is_refused_by_applymagcache_on_auto(server):
@@ -202,8 +205,9 @@ def test_the_readme_headless_example_runs_and_prints_the_cache_stats(server, tmp
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "status: success" in done.stdout
-    summary = re.search(r"node \S+: MagCache \(published FLUX.1-dev ratios \(Zehong-Ma/MagCache\), chosen with "
-                        r"the variant input\): .*block stack ran (\d+)/(\d+) calls", done.stdout)
+    summary = re.search(r"node \S+: MagCache \+ damped forecast \(damping 0.5\) \(published FLUX.1-dev ratios "
+                        r"\(Zehong-Ma/MagCache\), chosen with the variant input\): .*block stack ran (\d+)/(\d+) calls",
+                        done.stdout)
     assert summary, done.stdout
     computed, total = map(int, summary.groups())
     assert 0 < computed < total  # the demo workflow does skip

@@ -24,7 +24,7 @@ class Variant:
 
     @property
     def suffix(self) -> str:
-        """How a method line names it ("" for the nodes' defaults)."""
+        """How a method line names it ("" for the published method: reuse, no check)."""
         parts = ["planned"] if self.rule == "planned" else []
         if self.estimator == "forecast":
             parts.append(f"forecast o{self.order}")
