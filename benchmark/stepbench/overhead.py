@@ -162,8 +162,8 @@ def run_overhead(spec: OverheadSpec, progress: Callable[[str], None]) -> dict:
             return harness_sampling.apply(model, "magcache", threshold=NO_SKIP_THRESHOLD, max_consecutive_skips=2,
                                           retention_ratio=0.2, variant=PUBLISHED_VARIANT)
         if name == "magcache defaults no-skip":
-            return harness_sampling.apply(model, "magcache", **magcache_node_defaults(), threshold=NO_SKIP_THRESHOLD,
-                                          variant=PUBLISHED_VARIANT)
+            return harness_sampling.apply(model, "magcache", **{**magcache_node_defaults(), "threshold": NO_SKIP_THRESHOLD,
+                                                                "variant": PUBLISHED_VARIANT})
         if name == "teacache no-skip":
             return harness_sampling.apply(model, "teacache", threshold=NO_SKIP_THRESHOLD, max_consecutive_skips=3,
                                           variant=PUBLISHED_VARIANT)
