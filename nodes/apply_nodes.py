@@ -43,14 +43,14 @@ CFG_BRANCH_OPTIONS = ["together", "separate"]
 CHECK_OPTIONS = ["off", "hindsight", "first_block"]
 
 # Each node's defaults for the shared estimator and check inputs (schema and execute alike).
-DEFAULTS_NOTE = (
-    " Apply MagCache's defaults are damped_forecast with the hindsight check at tolerance 0.06 (before: "
-    "reuse, off): on the pack's reference models they keep the worst image at >= 30 dB where the old ones "
-    "did not. Set reuse and off for the published method."
-)
 TEACACHE_ESTIMATOR, TEACACHE_CHECK = "reuse", "off"
 MAGCACHE_ESTIMATOR, MAGCACHE_CHECK = "damped_forecast", "hindsight"
 CHECK_TOLERANCE = 0.06
+DEFAULTS_NOTE = (
+    f" Apply MagCache's defaults are {MAGCACHE_ESTIMATOR} with the {MAGCACHE_CHECK} check at tolerance "
+    f"{CHECK_TOLERANCE:g} (before: reuse, off): on the pack's reference models they keep the worst image at "
+    ">= 30 dB where the old ones did not. Set reuse and off for the published method."
+)
 
 
 def estimator_inputs(estimator: str, check: str) -> list:
@@ -96,8 +96,8 @@ def estimator_inputs(estimator: str, check: str) -> list:
                        optional=True,
                        tooltip="check: the largest relative error (mean absolute error over mean absolute "
                        "value of the residual) at which a skip goes ahead. Lower is more faithful and slower. "
-                       "Default 0.06 (before: 0.1); if the run's statistics show most skips refused on your "
-                       "model, raise it."),
+                       f"Default {CHECK_TOLERANCE:g} (before: 0.1); if the run's statistics show most skips "
+                       "refused on your model, raise it."),
     ]
 
 

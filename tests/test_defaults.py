@@ -26,12 +26,10 @@ MIN_WORST_PSNR = 30.0
 MIN_ROWS_SKIPPED = 0.35  # the sweep measured 40.0% (1.67x)
 
 
-def schema_defaults(node) -> dict:
-    return {i.id: i.default for i in node.GET_SCHEMA().inputs if getattr(i, "default", None) is not None}
-
-
 @pytest.mark.parametrize("name", ["ApplyMagCache", "ApplyTeaCache"])
 def test_a_graph_without_the_optional_inputs_gets_the_schema_defaults(host, name):
+    from harness.sampling import schema_defaults
+
     node = getattr(host.pack_module("nodes.apply_nodes"), name)
     parameters = inspect.signature(node.execute).parameters
     optional = [i.id for i in node.GET_SCHEMA().inputs if i.optional and getattr(i, "default", None) is not None]
@@ -44,6 +42,7 @@ def test_a_graph_without_the_optional_inputs_gets_the_schema_defaults(host, name
 
 def test_defaults_build_the_damped_forecast_with_the_hindsight_check(host):
     from harness import sampling
+    from harness.sampling import schema_defaults
 
     apply_nodes = host.pack_module("nodes.apply_nodes")
     installed = host.pack_module("nodes.runtime").installed_settings
@@ -64,6 +63,7 @@ def test_magcache_defaults_keep_30_db_on_the_reference_model(host):
     import nodes
 
     from harness import sampling
+    from harness.sampling import schema_defaults
 
     models = host.pack_module("demo.models")
     pixels = host.pack_module("demo.pixels")

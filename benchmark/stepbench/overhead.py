@@ -49,12 +49,6 @@ NO_SKIP_THRESHOLD = 1e-9
 TIMER_WRAPPER_KEY = "stepbench-call-timer"
 
 
-def magcache_node_defaults() -> dict[str, Any]:
-    """ApplyMagCache's inputs as a node placed in the UI has them."""
-    node = harness_sampling.pack("nodes.apply_nodes").ApplyMagCache
-    return {i.id: i.default for i in node.GET_SCHEMA().inputs if getattr(i, "default", None) is not None}
-
-
 class CallTimer:
     """DIFFUSION_MODEL wrapper recording the seconds of every model call (CPU: no sync needed)."""
 
@@ -162,7 +156,8 @@ def run_overhead(spec: OverheadSpec, progress: Callable[[str], None]) -> dict:
             return harness_sampling.apply(model, "magcache", threshold=NO_SKIP_THRESHOLD, max_consecutive_skips=2,
                                           retention_ratio=0.2, variant=PUBLISHED_VARIANT)
         if name == "magcache defaults no-skip":
-            return harness_sampling.apply(model, "magcache", **{**magcache_node_defaults(), "threshold": NO_SKIP_THRESHOLD,
+            defaults = harness_sampling.schema_defaults(harness_sampling.pack("nodes.apply_nodes").ApplyMagCache)
+            return harness_sampling.apply(model, "magcache", **{**defaults, "threshold": NO_SKIP_THRESHOLD,
                                                                 "variant": PUBLISHED_VARIANT})
         if name == "teacache no-skip":
             return harness_sampling.apply(model, "teacache", threshold=NO_SKIP_THRESHOLD, max_consecutive_skips=3,

@@ -103,6 +103,11 @@ def node_clone(node: Any, hidden: dict[str, Any]) -> Any:
     return node.PREPARE_CLASS_CLONE(hidden)
 
 
+def schema_defaults(node: Any) -> dict[str, Any]:
+    """A V3 node's inputs as a node placed in the UI has them: every input with a default."""
+    return {i.id: i.default for i in node.GET_SCHEMA().inputs if getattr(i, "default", None) is not None}
+
+
 def execute_node(node: Any, **inputs: Any) -> Any:
     """Run a V3 node's ``execute`` with these inputs and every other input at its schema default
     (inputs a newer ComfyUI adds, such as ContextWindowsManual's ``freenoise``, keep the default
