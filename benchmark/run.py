@@ -1,5 +1,7 @@
 """StepCache speed/quality benchmark, in one process of the real ComfyUI.
 
+    ./dev bench --levels   the headline table: the quality levels on both reference models and
+                           both samplers, beside EasyCache and LazyCache (quality-only, ~15 min)
     ./dev bench            full sweep (results: bench-out/results.md, .json, speed_quality.png,
                            and a copy in docs/benchmark.md + docs/benchmark.png); hours on 2 busy
                            CPU cores (--reps 1 about halves the sweep part)
@@ -40,6 +42,10 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="./dev bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", action="store_true",
+                        help="only the headline table: the quality levels on both reference models and both "
+                        "samplers beside EasyCache and LazyCache (quality-only; bench-out/levels.md, and the "
+                        "top of docs/benchmark.md with --docs); about 15 min")
     parser.add_argument("--quick", action="store_true", help="reduced sweep, small overhead model (~2 min)")
     parser.add_argument("--classes", type=int, default=None, help="evaluation classes (default 4; quick 2)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per class (default 2; quick 1)")
@@ -129,6 +135,15 @@ def main(argv: list[str]) -> int:
 
     def progress(text: str) -> None:
         print(text, flush=True)
+
+    if args.levels:
+        from stepbench import levels
+
+        command = "./dev bench" + "".join(" " + shlex.quote(a) for a in argv)
+        data = levels.run_levels(args.kinds or list(configs.KINDS), args.samplers, progress)
+        print(levels.write(data, command, args.out, REPO_ROOT / "docs" / "benchmark.md" if args.docs else None))
+        print(f"wrote {args.out / 'levels.md'} in {(time.perf_counter() - started) / 60:.1f} min")
+        return 0
 
     plan = configs.make_plan(args.quick, args.classes, args.seeds, args.batch, 0 if args.quality_only else args.reps,
                              args.cfg, args.samplers, kinds=args.kinds, variants=args.variants, only=args.only,

@@ -4,8 +4,10 @@
   step a model call belongs to.
 - ``ratios``: MagCache magnitude-ratio curves, resampled to any run's steps.
 - ``estimators``: what a skipped call returns (reuse, forecast, damped forecast), one module each.
-- ``policies``: the skip/compute decisions of TeaCache and MagCache, per conditioning entry, with
-  an error estimate that follows the estimator.
+- ``policies``: the skip/compute decisions of TeaCache, MagCache and the measured-error rule, per
+  conditioning entry, with an error estimate that follows the estimator.
+- ``checks``: checks against real computation that can refuse a skip (hindsight, first block).
+- ``quality``: the quality levels, the one knob of both Apply nodes (settings of the measured rule).
 - ``planning``: the planned rule: skip errors measured by a calibration, an error model over model
   time fitted to them, and the computed steps of a run chosen against an error budget.
 - ``methods``: one settings object per method, building its run's policy and estimator.

@@ -11,7 +11,7 @@ Every method shares the estimator-level choices:
 - ``separate_branches``: CFG branches are evaluated in calls of their own when one may skip and
   another must compute (``RunCache.plan_branches``), instead of the batch computing for both;
 - ``check`` and ``check_tolerance``: a check against real computation that can veto a skip:
-  "first_block" (``RunCache.after_head``) or "hindsight" (``RunCache._estimate_error``), None off.
+  "first_block" or "hindsight" (cache_core/checks.py), None off.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Protocol
 
 from .estimators import EstimatorSpec
 from .planning import ErrorModel, PlannedPolicy, model_order
-from .policies import CachePolicy, MagCachePolicy, NeverSkipPolicy, TeaCachePolicy
+from .policies import CachePolicy, MagCachePolicy, MeasuredErrorPolicy, NeverSkipPolicy, TeaCachePolicy
 from .ratios import MagRatios
 from .schedule import RunSchedule
 
@@ -152,7 +152,7 @@ class TeaCacheConfig(MethodConfig):
             raise CalibrationError("a TeaCache calibration needs the finite points it was fitted on")
 
 
-SKIP_RULES = ("magnitude", "planned")
+SKIP_RULES = ("magnitude", "planned", "measured")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,9 +180,15 @@ class MagCacheConfig(MethodConfig):
 
     def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
         ratios = self.ratios or constants.magcache
+        if self.skip_rule == "measured":
+            return MeasuredErrorConfig(
+                tolerance=self.threshold, max_consecutive_skips=self.max_consecutive_skips,
+                retention_ratio=self.retention_ratio, estimator=self.estimator,
+            ).build_policy(schedule, constants)
         if self.skip_rule == "planned":
             estimator = self.estimator.build()
-            model = self.error_models[model_order(estimator)] if self.error_models else None
+            order = model_order(estimator)
+            model = self.error_models[order] if self.error_models and order is not None else None
             if model is None:
                 return NeverSkipPolicy(schedule, name=PlannedPolicy.name, reason=(
                     "the planned rule needs skip errors measured by MagCacheCalibrate on this model"))
@@ -201,6 +207,35 @@ class MagCacheConfig(MethodConfig):
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         return self._describe(self.ratios, variant, chosen, "ratios") or "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredErrorConfig(MethodConfig):
+    """Skipping controlled by the run's own measured error (``MeasuredErrorPolicy``): no table, no
+    calibration, so it serves every family. What the quality levels run (cache_core/quality.py)."""
+
+    tolerance: float
+    max_consecutive_skips: int = 3
+    retention_ratio: float = 0.2
+    ramp: float = 0.0  # model time over which the tolerance rises after the retained head
+    growth: float = 1.0  # prior exponent of the error's growth with the gap (fitted up to 2)
+    guided: bool = True  # measure on the guided residual (both CFG branches decide together)
+    level: str | None = None  # the quality level these settings are, for the statistics
+
+    display_name: ClassVar[str] = "measured error"
+
+    @property
+    def can_skip(self) -> bool:
+        return self.tolerance > 0.0
+
+    def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
+        return MeasuredErrorPolicy(schedule, self.tolerance, self.max_consecutive_skips, self.retention_ratio,
+                                   estimator=self.estimator.build(), ramp=self.ramp, guided=self.guided,
+                                   prior_growth=self.growth, growth_range=(self.growth, 2.0))
+
+    def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
+        where = f"quality {self.level}: " if self.level else ""
+        return where + "none needed (the run measures its own error)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,6 +261,7 @@ __all__ = [
     "CalibrationError",
     "MagCacheConfig",
     "MeasureConfig",
+    "MeasuredErrorConfig",
     "MethodConfig",
     "PublishedConstants",
     "TeaCacheConfig",

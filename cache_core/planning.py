@@ -177,10 +177,9 @@ class PlannedPolicy(CachePolicy):
         return self.plan[step] and bool(entry.computed_steps)
 
 
-def model_order(estimator: Estimator) -> int:
-    """The error model that plans for an estimator: reuse's (0) or a first-order forecast's (1;
-    also for the damped forecast, which errs less than it on long gaps)."""
-    return 0 if estimator.is_reuse else 1
+def model_order(estimator: Estimator) -> int | None:
+    """The error model that plans for an estimator (``Estimator.planned_model``)."""
+    return estimator.planned_model
 
 
 __all__ = ["MAX_PLANNED_SKIPS", "MEASURED_BACK", "MEASURED_FORWARD", "ErrorModel", "PlannedPolicy", "SkipError",

@@ -62,6 +62,8 @@ class CachePolicy(ABC):
     state_type: type[EntryState] = EntryState
     # The decision needs the TeaCache signal of the call itself (so it cannot be taken ahead).
     uses_signal: bool = False
+    # The decision needs the estimator's error measured at each computed step (``observe``).
+    measures_error: bool = False
 
     def __init__(self, schedule: RunSchedule, estimator: Estimator | None = None) -> None:
         self.schedule = schedule
@@ -110,6 +112,10 @@ class CachePolicy(ABC):
 
     def computed(self, entry: EntryState, step: int) -> None:  # noqa: B027 (an optional hook)
         """Hook for policies that remember something of each computed step."""
+
+    def observe(self, entry: EntryState, gap: float, error: float) -> None:  # noqa: B027 (optional)
+        """The estimator's relative error measured at the entry's last computed step, which lay
+        ``gap`` (model time) past its anchors; only policies that ``measures_error`` get it."""
 
     def estimate_weights(self, entry: EntryState, step: int) -> tuple[float, ...]:
         """The estimator's weights for skipping ``step``, on the entry's last computed steps."""
@@ -306,6 +312,100 @@ class MagCachePolicy(CachePolicy):
             forecast = sum(w * path[s] for w, s in zip(weights, anchors, strict=True))
             entry.error += abs(path[step] - forecast) / abs(path[anchors[-1]])
         return entry.error <= self.threshold and entry.consecutive_skips < self.max_consecutive_skips
+
+
+@dataclass
+class MeasuredState(EntryState):
+    # The run's own error model for this entry, error = rate * gap ** growth (gap in model time
+    # from the last computed step), from the estimator errors measured at its computed steps.
+    rate: float | None = None
+    growth: float = 1.0
+    measured_gap: float = 0.0  # the gap of the last measurement, and its error
+    measured_error: float = 0.0
+
+    def trace(self) -> dict:
+        return {"rate": self.rate, "growth": self.growth, "error": self.measured_error}
+
+
+class MeasuredErrorPolicy(CachePolicy):
+    """Skipping controlled by the run's measured error, with no table (adaptive step-size control).
+
+    Every computed step measures what the estimator would have returned there, so the error a skip
+    makes is known, free, at each computed step: the relative L1 error of the residual the sampler
+    uses (the CFG-combined one when the call holds both branches; see ``RunCache``). From those
+    measurements the run fits its own model error = rate * gap ** growth (``observe``), and a step
+    is skipped while the predicted error of skipping it stays within ``tolerance``, at most
+    ``max_consecutive_skips`` in a row, after the retained head. A measurement over the tolerance
+    raises the rate at once, so the next run of skips is shorter; the rate falls back only as
+    measurements come in lower.
+
+    ``growth`` starts at ``prior_growth`` and follows the measurements once two of them bridge
+    different gaps (clamped, so one noisy pair cannot promise long skips).
+    """
+
+    name = "measured error"
+    state_type = MeasuredState
+    measures_error = True
+
+    def __init__(
+        self,
+        schedule: RunSchedule,
+        tolerance: float,
+        max_consecutive_skips: int,
+        retention_ratio: float,
+        estimator: Estimator | None = None,
+        prior_growth: float = 1.0,
+        growth_range: tuple[float, float] = (1.0, 2.0),
+        ramp: float = 0.0,
+        guided: bool = True,
+    ) -> None:
+        super().__init__(schedule, estimator)
+        self.tolerance = tolerance
+        # Measure on the guided residual where the call holds both CFG branches (else per entry).
+        self.measures_guided = guided
+        # Early skips cost the most (they move the whole layout): past the retained head the
+        # tolerance rises linearly over ``ramp`` of model time to its full value.
+        self.step_tolerance = tuple(
+            tolerance * min(1.0, (schedule.step_midpoint(step) - retention_ratio) / ramp) if ramp > 0.0 else tolerance
+            for step in range(schedule.steps)
+        )
+        self.max_consecutive_skips = max_consecutive_skips
+        self.prior_growth = prior_growth
+        self.growth_range = growth_range
+        self.retained = tuple(
+            schedule.step_midpoint(step) <= retention_ratio + 1e-9 for step in range(schedule.steps)
+        )
+        self.last_step = schedule.steps - 1
+
+    @property
+    def can_skip(self) -> bool:
+        return self.tolerance > 0.0 and self.max_consecutive_skips > 0 and not all(self.retained)
+
+    def new_state(self, branch: int) -> MeasuredState:
+        return MeasuredState(branch=branch, growth=self.prior_growth)
+
+    def observe(self, entry: MeasuredState, gap: float, error: float) -> None:
+        """A measurement: skipping the step just computed, ``gap`` past its anchors, would have
+        erred by ``error``."""
+        if not (gap > 0.0 and math.isfinite(error)):
+            return
+        low, high = self.growth_range
+        if entry.rate is not None and entry.measured_error > 0.0 and error > 0.0:
+            ratio = gap / entry.measured_gap
+            if ratio > 1.25 or ratio < 0.8:
+                fitted = math.log(error / entry.measured_error) / math.log(ratio)
+                entry.growth = min(high, max(low, 0.5 * (entry.growth + fitted)))
+        entry.measured_gap = gap
+        entry.measured_error = error
+        entry.rate = error / gap**entry.growth
+
+    def wants_skip(self, entry: MeasuredState, step: int, signal: float | None) -> bool:
+        if self.retained[step] or step >= self.last_step or entry.rate is None or not entry.computed_steps:
+            return False
+        if entry.consecutive_skips >= self.max_consecutive_skips:
+            return False
+        gap = self.times[step] - self.times[entry.computed_steps[-1]]
+        return entry.rate * gap**entry.growth <= self.step_tolerance[step]
 
 
 class NeverSkipPolicy(CachePolicy):

@@ -12,14 +12,13 @@ last computed calls, as many as the estimator uses, in that entry's rows:
   call of its own and the other way round (``plan_branches``: separate CFG branches).
 - a skipped call returns stack input + the estimator's weighted sum of the entry's residuals at
   the call's model time (``history.estimate``).
-- two checks against real computation can veto a skip the policy wants (``check``):
-  ``first_block``: the call first runs the head block for real and compares the head block's
-  residual with the estimator's forecast of it (from the head block's residuals of the same
-  computed calls); the skip goes ahead only where they agree, else the call computes, continuing
-  from the head block's output, so nothing is run twice. ``hindsight``: every computed call
-  compares its fresh residual with what the estimator would have returned for it (the error a
-  skip there would have made, free to measure); an entry skips only while that last measured
-  error is within the tolerance.
+- a check against real computation can veto a skip the policy wants (``check``,
+  cache_core/checks.py): the first-block check runs the head block first (``after_head``), the
+  hindsight check reads the error measured at the entry's last computed call.
+- computed calls measure the estimator's error when the check or the policy needs it
+  (``_measure``): what the estimator would have returned for the call, against its residual, per
+  entry, or on the guided residual cfg * cond - (cfg - 1) * uncond for a policy that decides from
+  it (the measured-error rule: the branches' errors partly cancel there, and cfg amplifies the rest).
 
 Hot path: one host sync per sampler evaluation (the current sigma, to find the step), one more
 per TeaCache decision (the signal), per checked call (the head block's error) and per computed
@@ -39,6 +38,7 @@ from typing import Protocol
 import torch
 
 from . import history as history_ops
+from .checks import Check, HindsightCheck
 from .history import ResidualHistory
 from .policies import CachePolicy, EntryState
 from .schedule import RunSchedule
@@ -47,7 +47,6 @@ from .stats import BRANCH_NAMES, BranchStats, RunStats
 # The head block's residual is compared on at most this many values per row (a strided sample),
 # so checking costs little memory on large models.
 CHECK_SAMPLES = 8192
-CHECKS = (None, "first_block", "hindsight")
 
 
 class Entry:
@@ -123,6 +122,11 @@ def sample_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return flat[:, ::stride]
 
 
+def relative_error(error: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """max over rows of mean|error| / mean|reference| ([rows, n] tensors): a 0-d tensor."""
+    return (error.abs().mean(dim=1) / reference.abs().mean(dim=1).float().clamp_min(1e-12)).max()
+
+
 class RunCache:
     """Decisions and residuals of one sampling run. Call ``close`` when the run ends."""
 
@@ -135,9 +139,9 @@ class RunCache:
         measure: bool = False,
         record_trace: bool = False,
         observer: RunObserver | None = None,
-        check: str | None = None,
-        check_tolerance: float = 0.1,
+        check: Check | None = None,
         head_cost: float = 0.0,
+        cfg: float | None = None,
     ) -> None:
         self.schedule = schedule
         self.policy = policy
@@ -148,13 +152,16 @@ class RunCache:
         self.observer = observer
         if observer is not None:
             observer.start(schedule)
-        if check not in CHECKS:
-            raise ValueError(f"unknown check {check!r}; one of {', '.join(str(c) for c in CHECKS)}")
         # The check ("first_block", "hindsight" or None), the largest relative L1 error at which a
         # skip goes ahead, and the head block's share of the stack's work (first-block check).
         self.check = check
-        self.check_tolerance = check_tolerance
         self.head_cost = head_cost
+        # Computed calls measure the estimator's error (the hindsight check, or a policy that
+        # decides from it); with the guidance scale known, a call holding both CFG branches
+        # measures it on what the sampler uses, cfg * cond - (cfg - 1) * uncond.
+        self.measures_error = (check is not None and check.measures_error) or policy.measures_error
+        guided = getattr(policy, "measures_guided", False)
+        self.cfg = cfg if guided and cfg is not None and cfg != 1.0 else None
         self.refused = 0  # decisions to skip that a check turned into computing
         reason = None
         if not (policy.can_skip or measure):
@@ -177,25 +184,24 @@ class RunCache:
         return self.disabled_reason is None
 
     @property
-    def checks(self) -> bool:
+    def runs_head_first(self) -> bool:
         """The first-block check is on: the head block runs before a call is decided."""
-        return self.check == "first_block"
+        return self.check is not None and self.check.runs_head_first
 
     def _verified(self, entry: Entry, step: int) -> bool:
         """Hindsight check: the error a skip of ``step`` would make, predicted from the error the
-        estimator made at the entry's last computed call, is within the tolerance (or nothing has
-        been measured yet). The measured error spanned a gap g of model time; a skip now spans h
-        (from the last computed call); the error grows as (h / g)^p, p the estimator's order of
-        error (1 for reuse, 2 for a first-order forecast)."""
-        value = entry.hindsight
-        if value is None:
-            return True
-        if isinstance(value, torch.Tensor):
-            value = entry.hindsight = float(value)  # the one host sync of the measurement
+        estimator made at the entry's last computed call, is within the tolerance."""
+        measured = self._read_measurement(entry)
         gap = self.schedule.step_times[step] - entry.history.times[-1] if entry.history.count else 0.0
-        if gap > 0.0 and entry.hindsight_gap > 0.0:
-            value *= (gap / entry.hindsight_gap) ** self.estimator.error_order
-        return value <= self.check_tolerance
+        return self.check.allows(measured, entry.hindsight_gap, gap, self.estimator.error_order)
+
+    def _read_measurement(self, entry: Entry) -> float | None:
+        """The error measured at the entry's last computed call, read (the one host sync of the
+        measurement) and shown to the policy once."""
+        if isinstance(entry.hindsight, torch.Tensor):
+            entry.hindsight = float(entry.hindsight)
+            self.policy.observe(entry.state, entry.hindsight_gap, entry.hindsight)
+        return entry.hindsight
 
     def disable(self, reason: str) -> None:
         """Stop skipping for the rest of the run (logged once by the caller)."""
@@ -218,7 +224,7 @@ class RunCache:
             capacity = self.estimator.history
             entry = self._entries[key] = Entry(
                 key, branch, self.policy.new_state(branch), ResidualHistory(capacity, self.cache_device),
-                ResidualHistory(capacity) if self.checks else None)
+                ResidualHistory(capacity) if self.runs_head_first else None)
         return entry
 
     # Separate CFG branches ---------------------------------------------------------------
@@ -255,8 +261,9 @@ class RunCache:
         state = entry.state
         if state.wanted_step == step:
             return state.want
+        self._read_measurement(entry)
         want = self.policy.decide(state, step, signal)
-        if want and self.check == "hindsight" and not self._verified(entry, step):
+        if want and isinstance(self.check, HindsightCheck) and not self._verified(entry, step):
             want = state.want = False
             self.refused += 1
         return want
@@ -298,7 +305,7 @@ class RunCache:
 
         row_like = stack_input[:rows]
         skip = all(wants) and not self.measure and all(e.history.fits(row_like) for e in entries)
-        if skip and self.checks and undecided:
+        if skip and self.runs_head_first and undecided:
             return StackCall(skip=False, entries=entries, step=step, time=time, stack_input=stack_input.clone(),
                              checking=True)
         for entry in undecided:
@@ -342,7 +349,7 @@ class RunCache:
         measured = torch.stack(errors).float().tolist()  # the one host sync of a check
         if self.trace is not None:
             self.trace.append({"step": call.step, "check_errors": measured})
-        skip = all(e <= self.check_tolerance for e in measured)
+        skip = self.check.allows(measured)
         self.refused += not skip
         return self._checked(call, skip=skip)
 
@@ -405,16 +412,16 @@ class RunCache:
             for entry in call.entries:  # this shape cannot be cached; it keeps computing
                 entry.clear()
             return
-        # Residuals kept on another device (cache_device), or measured by the hindsight check, are
-        # computed here first, into the copy.
+        # Residuals kept on another device (cache_device), or measured, are computed here first,
+        # into the copy.
         offloaded = self.cache_device is not None and self.cache_device != stack_output.device
-        hindsight = self.check == "hindsight"
-        residual = torch.sub(stack_output, stack_input, out=stack_input) if offloaded or hindsight else None
+        residual = (torch.sub(stack_output, stack_input, out=stack_input)
+                    if offloaded or self.measures_error else None)
+        if self.measures_error:  # before any slot is overwritten: the estimate uses them
+            self._measure(call.entries, residual, rows, call.time)
         for index, entry in enumerate(call.entries):
             part = slice(index * rows, (index + 1) * rows)
             kept = entry.history
-            if hindsight:
-                entry.hindsight = self._estimate_error(entry, residual[part], call.time)
             slot = kept.slot_for(stack_input[part], call.time)
             if residual is None:
                 torch.sub(stack_output[part], stack_input[part], out=slot)
@@ -430,16 +437,35 @@ class RunCache:
                 self.observer.residual(call.step, (entry.branch,),
                                        residual[part] if residual is not None else slot)
 
-    def _estimate_error(self, entry: Entry, residual: torch.Tensor, time: float) -> torch.Tensor | None:
-        """Relative L1 error of what the estimator would have returned for this call: a 0-d
-        tensor, read (synced) only when the next decision needs it."""
-        kept = entry.history
-        if not kept.fits(residual) or time <= kept.times[-1] + history_ops.SAME_TIME:
-            return None
-        entry.hindsight_gap = time - kept.times[-1]
-        estimate = history_ops.weighted_sum(kept.residuals(), self.estimator.weights(kept.times, time),
-                                            residual.device)
-        return estimate.sub_(residual).abs_().mean() / residual.abs().mean().clamp_min(1e-12)
+    def _measure(self, entries: Sequence[Entry], residual: torch.Tensor, rows: int, time: float) -> None:
+        """What the estimator would have returned for this computed call, against its residual:
+        per entry (or CFG-combined), the worst row's relative L1 error, left as a 0-d tensor
+        that the next decision reads (one sync). Measured on a strided sample of each row."""
+        parts = [sample_rows(residual[i * rows:(i + 1) * rows], rows) for i in range(len(entries))]
+        errors: list[torch.Tensor | None] = []
+        for entry, part in zip(entries, parts, strict=True):
+            kept = entry.history
+            if not kept.fits(residual[:rows]) or time <= kept.times[-1] + history_ops.SAME_TIME or (
+                    self.policy.measures_error and kept.count < self.estimator.history):
+                # (a rule that decides from the measurement waits for one of the estimate it skips with)
+                errors.append(None)
+                continue
+            entry.hindsight_gap = time - kept.times[-1]
+            anchors = [sample_rows(r, rows) for r in kept.residuals()]
+            errors.append(history_ops.weighted_sum(anchors, self.estimator.weights(kept.times, time), part.device)
+                          .sub_(part))
+        branches = [entry.branch for entry in entries]
+        if self.cfg is not None and sorted(branches) == [0, 1] and all(e is not None for e in errors):
+            cond, uncond = branches.index(0), branches.index(1)
+            scale = self.cfg
+            error = errors[cond].mul_(scale).sub_(errors[uncond], alpha=scale - 1.0)
+            guided = parts[cond].float().mul(scale).sub_(parts[uncond].float(), alpha=scale - 1.0)
+            combined = relative_error(error, guided)
+            for entry in entries:
+                entry.hindsight = combined
+            return
+        for entry, error, part in zip(entries, errors, parts, strict=True):
+            entry.hindsight = relative_error(error, part) if error is not None else None
 
     # Results -----------------------------------------------------------------------------
 
@@ -479,8 +505,8 @@ class RunCache:
             rows_computed=self.rows_computed,
             rows_skipped=self.rows_skipped,
             rows_checked=self.rows_checked,
-            head_cost=self.head_cost if self.checks else 0.0,
-            check=self.check,
+            head_cost=self.head_cost if self.runs_head_first else 0.0,
+            check=self.check.name if self.check is not None else None,
             refused=self.refused,
             disabled_reason=self.disabled_reason,
             trace=tuple(self.trace or ()),

@@ -1,11 +1,15 @@
 """ApplyTeaCache and ApplyMagCache: MODEL in, MODEL out (ComfyUI V3 node schema).
 
-Each builds its method's settings object (cache_core.methods) and installs it; the inputs both
-share (estimator, separate CFG branches, check) come last and are optional, so saved workflows from
-before they existed still load. ApplyMagCache's defaults for them are the damped forecast with the
-hindsight check at tolerance 0.06 (docs/experiments.md section 11: the worst case stays >= 30 dB on
-both reference models and both samplers, where reuse without a check fell to 22.8-27.0 dB);
-ApplyTeaCache keeps reuse without a check, which did better at its published threshold.
+``quality`` is the knob a user sees: at a level (cache_core/quality.py) both nodes run the
+measured-error rule, which needs no table, so they serve every cached family alike. At ``custom``
+each node builds its own method (cache_core.methods) from the expert inputs, exactly as given;
+those inputs are "advanced" where the host's schema has that (0.30.0), folded away in the UI.
+
+Saved workflows: inputs added later come last and are optional. ``quality`` defaults to ``custom``
+in ``execute``, so an API graph saved without it runs as saved; the web extension does the same for
+UI workflows saved without it (web/stepcache.js), while a node placed anew starts at the default
+level. The estimator inputs' defaults at custom: ApplyMagCache the damped forecast with the
+hindsight check at 0.06 (docs/experiments.md section 11), ApplyTeaCache reuse without a check.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ from comfy_api.latest import io
 from .. import families
 from ..cache_core import EstimatorSpec, MagCacheConfig, MagRatios, MethodConfig, TeaCacheConfig
 from ..cache_core.calibration import Calibration
-from ..cache_core.estimators import MAX_ORDER
+from ..cache_core.estimators import ESTIMATORS, MAX_ORDER
 from ..cache_core.methods import SKIP_RULES
+from ..cache_core.quality import CUSTOM, DEFAULT_LEVEL, LEVELS, QUALITY_OPTIONS
 from . import calibration_store
 from .runtime import CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
-from .validation import Choice, check_related, finite_range
+from .validation import ADVANCED, Choice, check_related, finite_range
 
 LOGGER = logging.getLogger("stepcache")
 
@@ -32,13 +37,12 @@ CACHE_DEVICE_TOOLTIP = (
     "offload_device: in system memory, copied over when used; for when accelerator memory is short."
 )
 VARIANT_TOOLTIP = (
-    "Which published constants to use. auto uses them only where the loaded model has the architecture "
-    "they were measured on (telling e.g. Kontext from dev by the run); pick one for checkpoints that "
-    "share an architecture (Wan 2.2 A14B vs Wan 2.1 14B) or to use a checkpoint's constants for its fine-tune."
+    "quality custom: which published constants to use. auto: those measured on the loaded model's "
+    "architecture. Pick one for checkpoints that share an architecture, or for a fine-tune of a published one."
 )
 
 
-ESTIMATOR_OPTIONS = ["reuse", "forecast", "damped_forecast"]
+ESTIMATOR_OPTIONS = list(ESTIMATORS)  # the registry (cache_core/estimators)
 CFG_BRANCH_OPTIONS = ["together", "separate"]
 CHECK_OPTIONS = ["off", "hindsight", "first_block"]
 
@@ -46,58 +50,73 @@ CHECK_OPTIONS = ["off", "hindsight", "first_block"]
 TEACACHE_ESTIMATOR, TEACACHE_CHECK = "reuse", "off"
 MAGCACHE_ESTIMATOR, MAGCACHE_CHECK = "damped_forecast", "hindsight"
 CHECK_TOLERANCE = 0.06
-DEFAULTS_NOTE = (
-    f" Apply MagCache's defaults are {MAGCACHE_ESTIMATOR} with the {MAGCACHE_CHECK} check at tolerance "
-    f"{CHECK_TOLERANCE:g} (before: reuse, off): on the pack's reference models they keep the worst image at "
-    ">= 30 dB where the old ones did not. Set reuse and off for the published method."
+
+
+QUALITY_TOOLTIP = (
+    "How close to uncached sampling the result stays: lossless, high, balanced or fast. The cache measures "
+    "its own error as it runs and skips as many steps as the level allows; no calibration needed. custom: "
+    "the expert inputs, exactly as set."
 )
 
 
+def quality_input() -> Choice:
+    """The one knob, last among the inputs so that workflows saved before it keep their values."""
+    return Choice("quality", options=QUALITY_OPTIONS, default=DEFAULT_LEVEL, optional=True, tooltip=QUALITY_TOOLTIP)
+
+
+def at_quality_level(node: str, model: object, quality: str, cache_device: str, node_id: str | None,
+                     connected: object | None) -> io.NodeOutput:
+    """Either Apply node at a quality level: the measured-error rule at that level's settings."""
+    level = LEVELS.get(quality)
+    if level is None:
+        raise ValueError(f"{node}: quality must be one of {', '.join(QUALITY_OPTIONS)}, got {quality!r}")
+    family = resolve_family(model, node)
+    if family is None:
+        return io.NodeOutput(model)
+    if connected is not None:
+        LOGGER.info("[StepCache] %s: quality %s measures its own error and does not use the connected constants; "
+                    "set quality to custom to use them", node, quality)
+    else:
+        method = "teacache" if node == "ApplyTeaCache" else "magcache"
+        if calibration_store.find(method, calibration_store.model_identity(model, family, "auto")) is not None:
+            LOGGER.info("[StepCache] %s: quality %s measures its own error and does not use this model's saved "
+                        "calibration (quality custom does)", node, quality)
+    settings = CacheSettings(method=level.config(), family=family.name, cache_device=cache_device, node_id=node_id)
+    return io.NodeOutput(install(model, settings, family))
+
+
 def estimator_inputs(estimator: str, check: str) -> list:
-    """The optional inputs both Apply nodes share, after their own, with this node's defaults for
+    """The expert inputs both Apply nodes share, after their own, with this node's defaults for
     ``estimator`` and ``check``."""
     return [
         Choice(
-            "estimator", options=ESTIMATOR_OPTIONS, default=estimator, optional=True,
-            tooltip="What a skipped step uses in place of the block stack's output. reuse: the last computed "
-            "step's residual (the published methods). forecast: extrapolates the residual in model time "
-            "through the last computed steps (keeps forecast_order + 1 residuals per CFG branch). "
-            "damped_forecast: a first-order forecast that leans back towards reuse as a run of skipped "
-            "steps grows (keeps 2). The skip rule's error estimate follows the choice. "
-            f"Default here: {estimator}." + DEFAULTS_NOTE,
+            "estimator", options=ESTIMATOR_OPTIONS, default=estimator, optional=True, **ADVANCED,
+            tooltip="quality custom: what a skipped step uses for the block stack's output. reuse: the last "
+            "computed residual. forecast: extrapolates the residual through the last computed steps. "
+            "damped_forecast: a forecast that leans back towards reuse over longer gaps.",
         ),
-        io.Int.Input("forecast_order", default=1, min=1, max=MAX_ORDER, optional=True,
-                     tooltip="estimator forecast: 1 continues a straight line through the last two computed "
-                     "steps, 2 a parabola through the last three (one more residual kept per CFG branch). "
-                     "damped_forecast is always first order."),
+        io.Int.Input("forecast_order", default=1, min=1, max=MAX_ORDER, optional=True, **ADVANCED,
+                     tooltip="estimator forecast: 1 extrapolates a line through the last two computed steps, "
+                     "2 a parabola through three (one more residual kept per CFG branch)."),
         io.Float.Input("forecast_damping", default=0.5, **finite_range(0.0, 1.0), step=0.05, optional=True,
-                       tooltip="estimator damped_forecast: how fast the forecast's step shrinks as the gap "
-                       "grows. 0 is the plain first-order forecast, 1 is reuse."),
+                       **ADVANCED,
+                       tooltip="estimator damped_forecast: how fast the forecast's step shrinks as the gap grows. "
+                       "0 is the plain forecast, 1 is reuse."),
         Choice(
-            "cfg_branches", options=CFG_BRANCH_OPTIONS, default="together", optional=True,
-            tooltip="together: cond and uncond (batched by ComfyUI) skip only when both may. separate: when "
-            "one may skip and the other must compute, they run as separate calls and only the one that "
-            "must computes (TeaCache: every step, as each branch decides from its own signal). The guidance "
-            "scale multiplies the error of a branch skipped alone, so at high cfg this can cost more than "
-            "it saves.",
+            "cfg_branches", options=CFG_BRANCH_OPTIONS, default="together", optional=True, **ADVANCED,
+            tooltip="quality custom: together skips cond and uncond only when both may. separate runs them as "
+            "separate calls when only one may skip (the guidance scale multiplies that branch's error).",
         ),
         Choice(
-            "check", options=CHECK_OPTIONS, default=check, optional=True,
-            tooltip="A check against real computation that can refuse a skip the rule allows. hindsight: "
-            "every computed step measures what the estimator would have got wrong there (free); a branch "
-            "skips only while that error, scaled to the gap the skip bridges, is at most check_tolerance. "
-            "first_block: a step the rule would "
-            "skip first runs the first block and compares its output with the estimator's forecast of it; "
-            "it skips only if they agree within check_tolerance (costs one block per skipped step; not "
-            "available where a model family has no block hooks). "
-            f"Default here: {check}." + DEFAULTS_NOTE,
+            "check", options=CHECK_OPTIONS, default=check, optional=True, **ADVANCED,
+            tooltip="quality custom: a check that can refuse a skip. hindsight: skips only while the error "
+            "measured at the last computed step is within check_tolerance (free). first_block: runs the first "
+            "block and compares it with the forecast (costs one block per skip).",
         ),
         io.Float.Input("check_tolerance", default=CHECK_TOLERANCE, **finite_range(0.0, 10.0), step=0.005,
-                       optional=True,
-                       tooltip="check: the largest relative error (mean absolute error over mean absolute "
-                       "value of the residual) at which a skip goes ahead. Lower is more faithful and slower. "
-                       f"Default {CHECK_TOLERANCE:g} (before: 0.1); if the run's statistics show most skips "
-                       "refused on your model, raise it."),
+                       optional=True, **ADVANCED,
+                       tooltip="check: the largest relative error (mean absolute error over mean absolute value "
+                       "of the residual) at which a skip goes ahead. Lower is more faithful and slower."),
     ]
 
 
@@ -110,12 +129,6 @@ def shared_settings(estimator: str, forecast_order: int, forecast_damping: float
         "check": None if check == "off" else check,
         "check_tolerance": check_tolerance,
     }
-
-
-LEGACY_VARIANT_NOTE = (
-    " The last names of the list are older options kept so that saved workflows load; each runs as the "
-    "variant whose constants it used, and the log names it."
-)
 
 
 def variant_options(kind: str) -> list[str]:
@@ -208,33 +221,33 @@ class ApplyTeaCache(io.ComfyNode):
             display_name="Apply TeaCache",
             category=CATEGORY,
             description=(
-                "Skips the transformer block stack on steps where the first block's modulated input "
-                "changed little since the last computed step, reusing that step's residual. The "
-                "model family and its published coefficients are detected from the model."
+                "Skips the transformer block stack on steps where it can be estimated from the steps "
+                "computed before. Set quality; custom runs TeaCache (skips while the first block's input "
+                "changes little) with the inputs as set."
             ),
             inputs=[
                 io.Model.Input("model", tooltip="The diffusion model to cache (place after LoRAs, before the sampler)."),
                 io.Float.Input(
-                    "threshold", default=0.4, **finite_range(0.0, 10.0), step=0.01,
-                    tooltip="Accumulated (rescaled) change below which a step is skipped. 0 never skips. "
-                    "Published settings: FLUX 0.4 (about 1.8x) to 0.8 (2.25x); Wan 2.1 and others need "
-                    "far smaller values (0.05-0.2). Higher is faster and less faithful.",
+                    "threshold", default=0.4, **finite_range(0.0, 10.0), step=0.01, **ADVANCED,
+                    tooltip="quality custom: accumulated (rescaled) input change below which a step is skipped. "
+                    "0 never skips. Published: FLUX 0.4 (about 1.8x) to 0.8; Wan 2.1 0.05-0.2.",
                 ),
-                io.Float.Input("start_percent", default=0.0, **finite_range(0.0, 1.0), step=0.01,
-                               tooltip="Skipping starts at this point of the denoising (model time)."),
-                io.Float.Input("end_percent", default=1.0, **finite_range(0.0, 1.0), step=0.01,
-                               tooltip="Skipping stops at this point of the denoising (model time)."),
-                io.Int.Input("max_consecutive_skips", default=3, min=1, max=100,
-                             tooltip="At most this many steps in a row reuse the cache."),
+                io.Float.Input("start_percent", default=0.0, **finite_range(0.0, 1.0), step=0.01, **ADVANCED,
+                               tooltip="quality custom: skipping starts at this point of the denoising."),
+                io.Float.Input("end_percent", default=1.0, **finite_range(0.0, 1.0), step=0.01, **ADVANCED,
+                               tooltip="quality custom: skipping stops at this point of the denoising."),
+                io.Int.Input("max_consecutive_skips", default=3, min=1, max=100, **ADVANCED,
+                             tooltip="quality custom: at most this many steps in a row reuse the cache."),
                 Choice("cache_device", options=["main_device", "offload_device"],
                        default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
-                Choice("variant", options=variant_options("teacache"), default="auto",
-                       tooltip=VARIANT_TOOLTIP + LEGACY_VARIANT_NOTE, optional=True),
+                Choice("variant", options=variant_options("teacache"), default="auto", **ADVANCED,
+                       tooltip=VARIANT_TOOLTIP, optional=True),
                 TeaCacheCoefficientsType.Input(
                     "coefficients", optional=True,
-                    tooltip="A polynomial from TeaCacheCalibrate (or typed in); overrides the published one. "
-                    "Without it, a calibration saved for this model is used when there is one."),
+                    tooltip="quality custom: a polynomial from TeaCacheCalibrate (or typed in) in place of the "
+                    "published one. Without it, one saved for this model is used."),
                 *estimator_inputs(TEACACHE_ESTIMATOR, TEACACHE_CHECK),
+                quality_input(),
             ],
             outputs=[io.Model.Output()],
             hidden=[io.Hidden.unique_id],
@@ -254,7 +267,11 @@ class ApplyTeaCache(io.ComfyNode):
                 max_consecutive_skips: int, cache_device: str, variant: str = "auto",
                 coefficients: Calibration | tuple[float, ...] | None = None, estimator: str = TEACACHE_ESTIMATOR,
                 forecast_order: int = 1, forecast_damping: float = 0.5, cfg_branches: str = "together",
-                check: str = TEACACHE_CHECK, check_tolerance: float = CHECK_TOLERANCE) -> io.NodeOutput:
+                check: str = TEACACHE_CHECK, check_tolerance: float = CHECK_TOLERANCE,
+                quality: str = CUSTOM) -> io.NodeOutput:
+        # quality's default here is custom: an API graph saved before it existed runs as it was saved.
+        if quality != CUSTOM:
+            return at_quality_level("ApplyTeaCache", model, quality, cache_device, cls.hidden.unique_id, coefficients)
         problem = window_problem(start_percent, end_percent)  # linked values are only known now
         if problem is not None:
             raise ValueError(f"ApplyTeaCache: {problem}")
@@ -288,37 +305,36 @@ class ApplyMagCache(io.ComfyNode):
             display_name="Apply MagCache",
             category=CATEGORY,
             description=(
-                "Skips the transformer block stack while the calibrated drift of its residual's "
-                "magnitude stays under the threshold, reusing the last computed step's residual. "
-                "Uses the published ratios of the detected model, or a calibration from MagCacheCalibrate."
+                "Skips the transformer block stack on steps where it can be estimated from the steps "
+                "computed before. Set quality; custom runs MagCache (published or calibrated magnitude "
+                "ratios) with the inputs as set."
             ),
             inputs=[
                 io.Model.Input("model", tooltip="The diffusion model to cache (place after LoRAs, before the sampler)."),
-                io.Float.Input("threshold", default=0.06, **finite_range(0.0, 2.0), step=0.001,
-                               tooltip="Accumulated magnitude error allowed while skipping. 0 never skips; "
-                               "higher is faster and less faithful."),
-                io.Int.Input("max_consecutive_skips", default=2, min=1, max=100,
-                             tooltip="K in the paper: at most this many steps in a row reuse the cache."),
-                io.Float.Input("retention_ratio", default=0.2, **finite_range(0.0, 1.0), step=0.01,
-                               tooltip="The first part of the denoising always computes (it lays out the image)."),
+                io.Float.Input("threshold", default=0.06, **finite_range(0.0, 2.0), step=0.001, **ADVANCED,
+                               tooltip="quality custom: accumulated magnitude error allowed while skipping. 0 never "
+                               "skips; higher is faster and less faithful."),
+                io.Int.Input("max_consecutive_skips", default=2, min=1, max=100, **ADVANCED,
+                             tooltip="quality custom: K in the paper, at most this many steps in a row skipped."),
+                io.Float.Input("retention_ratio", default=0.2, **finite_range(0.0, 1.0), step=0.01, **ADVANCED,
+                               tooltip="quality custom: the first part of the denoising always computes (it lays "
+                               "out the image)."),
                 Choice("cache_device", options=["main_device", "offload_device"],
                        default="main_device", tooltip=CACHE_DEVICE_TOOLTIP),
-                Choice("variant", options=variant_options("magcache"), default="auto",
-                       tooltip=VARIANT_TOOLTIP + LEGACY_VARIANT_NOTE, optional=True),
+                Choice("variant", options=variant_options("magcache"), default="auto", **ADVANCED,
+                       tooltip=VARIANT_TOOLTIP, optional=True),
                 MagRatiosType.Input(
                     "ratios", optional=True,
-                    tooltip="Magnitude ratios from MagCacheCalibrate (or typed in); override the published ones. "
-                    "Without them, a calibration saved for this model is used when there is one."),
+                    tooltip="quality custom: ratios from MagCacheCalibrate (or typed in) in place of the published "
+                    "ones. Without them, a calibration saved for this model is used."),
                 *estimator_inputs(MAGCACHE_ESTIMATOR, MAGCACHE_CHECK),
                 Choice(
-                    "skip_rule", options=list(SKIP_RULES), default="magnitude", optional=True,
-                    tooltip="magnitude: the published MagCache rule (skip while the calibrated drift of the "
-                    "residual's magnitude stays within threshold). planned: at the start of each run, choose "
-                    "the fewest computed steps whose skips add up to at most threshold of relative error, "
-                    "as measured on this model by MagCacheCalibrate (connect it, or save it); threshold is "
-                    "then the run's total error budget (about 0.5 to 2). Plans reuse and first-order "
-                    "forecasts (estimator reuse, forecast with forecast_order 1, damped_forecast).",
+                    "skip_rule", options=list(SKIP_RULES), default="magnitude", optional=True, **ADVANCED,
+                    tooltip="quality custom: magnitude, the published rule. planned: steps chosen per run against "
+                    "this model's calibration, threshold being the error budget (0.5-2). measured: the run's own "
+                    "measured error, threshold being its tolerance; no table needed.",
                 ),
+                quality_input(),
             ],
             outputs=[io.Model.Output()],
             hidden=[io.Hidden.unique_id],
@@ -334,7 +350,10 @@ class ApplyMagCache(io.ComfyNode):
                 ratios: Calibration | MagRatios | None = None, estimator: str = MAGCACHE_ESTIMATOR,
                 forecast_order: int = 1, forecast_damping: float = 0.5, cfg_branches: str = "together",
                 check: str = MAGCACHE_CHECK, check_tolerance: float = CHECK_TOLERANCE,
-                skip_rule: str = "magnitude") -> io.NodeOutput:
+                skip_rule: str = "magnitude", quality: str = CUSTOM) -> io.NodeOutput:
+        # quality's default here is custom: an API graph saved before it existed runs as it was saved.
+        if quality != CUSTOM:
+            return at_quality_level("ApplyMagCache", model, quality, cache_device, cls.hidden.unique_id, ratios)
         family = resolve_family(model, "ApplyMagCache")
         if family is None:
             return io.NodeOutput(model)
@@ -355,12 +374,12 @@ class ApplyMagCache(io.ComfyNode):
         if skip_rule == "planned":
             check_planned(config, calibration)
         candidates = family.possible_variants(model.model) if variant == "auto" else (family.variant(variant),)
-        if config.ratios is None and not any(v.magcache is not None for v in candidates):
+        if skip_rule == "magnitude" and config.ratios is None and not any(v.magcache is not None for v in candidates):
             what = family.resolve_variant(model.model, families.RunContext()).label
             raise ValueError(
-                f"ApplyMagCache: no MagCache ratios are published for this model ({family.name} / {what}). Measure "
-                "them once with MagCacheCalibrate and connect its ratios output here, or, for a fine-tune of a "
-                "published checkpoint, choose that checkpoint with the variant input."
+                f"ApplyMagCache: no MagCache ratios are published for this model ({family.name} / {what}). Set "
+                "quality to a level (they need no ratios), or measure ratios once with MagCacheCalibrate and "
+                "connect its ratios output here, or choose a published checkpoint with the variant input."
             )
         settings = CacheSettings(method=config, family=family.name, variant=variant, cache_device=cache_device,
                                  node_id=cls.hidden.unique_id)

@@ -38,6 +38,7 @@ from comfy.patcher_extension import WrappersMP
 
 from .. import families
 from ..cache_core import MethodConfig, RunCache, RunSchedule, StackCall
+from ..cache_core.checks import build_check
 from ..cache_core.run_cache import PASSTHROUGH, RunObserver
 from ..cache_core.stats import RunStats
 from .reporting import report
@@ -116,7 +117,7 @@ class ActiveRun:
             if self.cache.enabled:
                 signal = partial(self.family.teacache_signal, self.diffusion_model, args) if self.use_signal else None
                 self.call = self._begin(args["transformer_options"], args["img"], signal)
-            if self.cache.checks and self.call.stack_input is not None:
+            if self.cache.runs_head_first and self.call.stack_input is not None:
                 return self._run_checked_head(hook, args, extra)
         call = self.call
         if call.skip:
@@ -356,15 +357,15 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
     policy = method.build_policy(schedule, chosen or detected)
     constants = method.describe_constants(chosen or detected, chosen is not None)
     blocks = len(family.block_keys(model.diffusion_model))
-    check = method.check
-    if check == "first_block" and not blocks:
+    check = build_check(method.check, method.check_tolerance)
+    if check is not None and check.runs_head_first and not blocks:
         LOGGER.info("[StepCache] %s: the first-block check needs block hooks, which ComfyUI does not give "
                     "this family; it is off for this model", family.name)
         check = None
     cache = RunCache(
         schedule, policy, cache_device=resolve_cache_device(settings.cache_device), measure=method.measures,
-        record_trace=settings.record_trace, observer=observer, check=check, check_tolerance=method.check_tolerance,
-        head_cost=1.0 / blocks if blocks else 0.0,
+        record_trace=settings.record_trace, observer=observer, check=check,
+        head_cost=1.0 / blocks if blocks else 0.0, cfg=guidance_scale(guider),
     )
     reason = reason_not_to_skip(settings, guider, schedule)
     if reason is not None:
@@ -373,6 +374,12 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
     label = f"{family.name} / {shown.label}"
     latent_channels = model.latent_format.latent_channels if family.caches_in_output_space else 0
     return ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal, latent_channels)
+
+
+def guidance_scale(guider: Any) -> float | None:
+    """The run's CFG scale where the guider has one (ComfyUI's CFGGuider), else None."""
+    cfg = getattr(guider, "cfg", None)
+    return float(cfg) if isinstance(cfg, (int, float)) else None
 
 
 def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedule) -> str | None:

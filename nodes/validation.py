@@ -63,6 +63,17 @@ class Choice(io.Combo.Input):
         return ComboOptions(self.options)
 
 
+def _has_advanced_inputs() -> bool:
+    import inspect
+
+    return "advanced" in inspect.signature(io.Float.Input.__init__).parameters
+
+
+# Where the host's V3 schema has "advanced" inputs (0.30.0), the frontend folds them away behind
+# the node's main inputs; older hosts (0.3.75) show them as any other input.
+ADVANCED: dict[str, bool] = {"advanced": True} if _has_advanced_inputs() else {}
+
+
 def finite_range(low: float, high: float) -> dict[str, FiniteBound]:
     """``min`` and ``max`` for an ``io.Float.Input``, refusing NaN as well as values outside them."""
     return {"min": FiniteBound(low), "max": FiniteBound(high)}

@@ -125,12 +125,12 @@ SPECS: dict[str, NodeSpec] = {
     "ApplyMagCache": NodeSpec("Apply MagCache",
         inputs=(("model", "MODEL"), ("ratios", "MAG_RATIOS")),
         widgets=("threshold", "max_consecutive_skips", "retention_ratio", "cache_device", "variant",
-                 *ESTIMATOR_WIDGETS, "skip_rule"),
+                 *ESTIMATOR_WIDGETS, "skip_rule", "quality"),
         outputs=(("MODEL", "MODEL"),), panel=STATS_PANEL),
     "ApplyTeaCache": NodeSpec("Apply TeaCache",
         inputs=(("model", "MODEL"), ("coefficients", "TEACACHE_COEFFICIENTS")),
         widgets=("threshold", "start_percent", "end_percent", "max_consecutive_skips", "cache_device", "variant",
-                 *ESTIMATOR_WIDGETS),
+                 *ESTIMATOR_WIDGETS, "quality"),
         outputs=(("MODEL", "MODEL"),), panel=STATS_PANEL),
     "MagCacheCalibrate": NodeSpec("MagCache Calibrate",
         inputs=(("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
@@ -342,22 +342,21 @@ class Workflow:
 
 MAGCACHE_DEFAULTS = {"threshold": 0.06, "max_consecutive_skips": 2, "retention_ratio": 0.2,
                      "cache_device": "main_device", "variant": "auto", **MAGCACHE_SHARED_DEFAULTS,
-                     "skip_rule": "magnitude"}
+                     "skip_rule": "magnitude", "quality": "balanced"}
 
 TUNING_MAGCACHE = """
-**Tuning** (Apply MagCache): raise `threshold` (0.06 -> 0.1 -> 0.2) or `max_consecutive_skips`
-(2 -> 3-5) for more speed, lower them for fidelity; `retention_ratio` is the first part of the
-denoising that always computes (lower = faster, the layout may change). Keep the seed fixed and
-bypass the cache node (Ctrl+B) to compare with the uncached result. The console line
-`[StepCache] ...: skipped N/M steps ... (x.xx x)` says what each run skipped, and how many skips
-the `hindsight` check refused: `check_tolerance` (0.06) is the error it lets a skip make; raise it
-if it refuses most skips on your model, or set `estimator: reuse` and `check: off` for the
-published method as it is.
+**Tuning**: set `quality` on Apply MagCache: `lossless`, `high`, `balanced` (the default) or
+`fast`. The cache measures its own error as it runs and skips as many steps as the level allows;
+no table or calibration is needed. Keep the seed fixed and bypass the cache node (Ctrl+B) to
+compare with the uncached result. The console line `[StepCache] ...: skipped N/M steps ... (x.xx x)`
+says what each run skipped. `quality: custom` runs the published MagCache rule with the node's
+expert inputs (threshold, K, retention, estimator, check) exactly as set.
 """
 
 TUNING_TEACACHE = """
-**Tuning** (Apply TeaCache): raise `threshold` for more speed, lower it for fidelity; 0 never
-skips. `start_percent` / `end_percent` limit skipping to part of the denoising,
+**Tuning** (Apply TeaCache, at `quality: custom`, which runs TeaCache itself): raise `threshold`
+for more speed, lower it for fidelity; 0 never skips. A quality level (`lossless` to `fast`)
+instead runs the same measured-error rule as Apply MagCache. `start_percent` / `end_percent` limit skipping to part of the denoising,
 `max_consecutive_skips` caps skips in a row. Keep the seed fixed and bypass the cache node
 (Ctrl+B) to compare with the uncached result; the console line `[StepCache] ...` says what each
 run skipped.
@@ -387,8 +386,9 @@ def flux1_dev_magcache() -> Workflow:
     w.note(f"""
 ## FLUX.1 [dev] with MagCache
 
-Text to image with **Apply MagCache** between the model loader and the KSampler. The variant
-(`flux.1-dev`) and its published MagCache ratios are picked from the loaded model (`variant: auto`).
+Text to image with **Apply MagCache** between the model loader and the KSampler. It runs at
+`quality: balanced`, which needs no table; at `quality: custom` the published FLUX.1-dev ratios are
+picked from the loaded model (`variant: auto`).
 
 **Files** (ComfyUI/models/...):
 - `diffusion_models/flux1-dev.safetensors` (black-forest-labs/FLUX.1-dev)
@@ -397,8 +397,9 @@ Text to image with **Apply MagCache** between the model loader and the KSampler.
 - `vae/ae.safetensors`
 
 **Expected speedup**: published MagCache on FLUX.1-dev at 1024x1024: 2.57x (slow) to 2.82x
-(fast) [{SPEEDUP_SOURCE}]. These defaults are conservative; the official MagCache4FLUX script
-uses threshold 0.24, K 5, retention 0.1.
+(fast) [{SPEEDUP_SOURCE}]. Those figures are for the published rule at its fast settings
+(`quality: custom`, threshold 0.24, K 5, retention 0.1, as in the official MagCache4FLUX script);
+the quality levels' figures on the reference models are in docs/benchmark.md.
 {TUNING_MAGCACHE}""")
     return w
 
@@ -422,7 +423,7 @@ def flux2_dev_teacache() -> Workflow:
     latent = w.add("EmptyFlux2LatentImage", 1, width=1024, height=1024, batch_size=1)
     cache = w.add("ApplyTeaCache", 2, model=unet.out(), threshold=0.1, start_percent=0.0, end_percent=1.0,
                   max_consecutive_skips=3, cache_device="main_device", variant="auto",
-                  **TEACACHE_SHARED_DEFAULTS)
+                  **TEACACHE_SHARED_DEFAULTS, quality="custom")
     noise = w.add("RandomNoise", 3, noise_seed=42)
     guider = w.add("BasicGuider", 3, model=cache.out(), conditioning=guided.out())
     sampler_select = w.add("KSamplerSelect", 3, sampler_name="euler")
@@ -694,10 +695,10 @@ def demo_image_magcache() -> Workflow:
     w.note(f"""
 ## StepCache demo: MagCache on the built-in model
 
-Try the cache with nothing to download. The demo model has FLUX.1's architecture but is no
-published checkpoint, so nothing is published for it; `variant: flux.1-dev` chooses FLUX.1-dev's
-published MagCache ratios by hand (the run reports them as chosen). The calibrate demo measures
-the model's own.
+Try the cache with nothing to download. Apply MagCache runs at `quality: balanced`: it measures
+its own error as it samples, so the demo model (FLUX.1's architecture, no published checkpoint)
+needs no table. At `quality: custom` the node's expert inputs apply; there `variant: flux.1-dev`
+chooses FLUX.1-dev's published MagCache ratios by hand. The calibrate demo measures the model's own.
 {DEMO_FILES}
 **Expected speedup**: measured on this model in docs/benchmark.md (its block stack is a small
 share of each step, so wall time gains less than on real models). `./dev demo` runs this graph
@@ -712,7 +713,7 @@ def demo_image_teacache() -> Workflow:
     model, positive, negative, latent = _demo_inputs(w, "disc")
     cache = w.add("ApplyTeaCache", 1, model=model.out(), threshold=0.2, start_percent=0.0, end_percent=1.0,
                   max_consecutive_skips=3, cache_device="main_device", variant="flux.1-dev",
-                  **TEACACHE_SHARED_DEFAULTS)
+                  **TEACACHE_SHARED_DEFAULTS, quality="custom")
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_demo")
     w.note(f"""
 ## StepCache demo: TeaCache on the built-in model
@@ -736,15 +737,18 @@ def demo_image_calibrate_magcache() -> Workflow:
     w.add("PreviewAny", 1, title="Calibration report", source=calibrate.out(2))
     cache = w.add("ApplyMagCache", 2, model=model.out(), ratios=calibrate.out(1), threshold=0.1,
                   max_consecutive_skips=3, retention_ratio=0.2, cache_device="main_device", variant="auto",
-                  **MAGCACHE_SHARED_DEFAULTS, skip_rule="magnitude")
+                  **MAGCACHE_SHARED_DEFAULTS, skip_rule="magnitude", quality="custom")
     _demo_sample_and_save(w, cache, positive, negative, latent, "stepcache_calibrated")
     w.note(f"""
 ## StepCache demo: calibrate MagCache, then sample with it
 
 **MagCache Calibrate** samples the built-in model once and measures its MagCache ratios (averaged
 over the batch of 4); its `ratios` output feeds **Apply MagCache**, which the KSampler samples
-with. The report shows the measured ratios. With `save_calibration` on, the calibration is also
-saved and used for this model from then on.
+with at `quality: custom` (the quality levels measure their own error and use no calibration).
+The report shows the measured ratios. With `save_calibration` on, the calibration is also saved,
+to `ComfyUI/user/stepcache/calibrations/magcache-<family>-<fingerprint>.json`, and Apply
+MagCache at `quality: custom` and `variant: auto` uses it for this model from then on, without the
+link; delete that file (the report names it) to stop using it.
 {DEMO_FILES}
 {TUNING_MAGCACHE}""")
     return w

@@ -1,12 +1,14 @@
-"""What a user gets without tuning: the Apply nodes' defaults (issue 11 item 5).
+"""What a user gets without tuning: the Apply nodes' defaults.
 
-ApplyMagCache defaults to the damped forecast with the hindsight check; ApplyTeaCache keeps reuse
-without a check (docs/experiments.md section 11 has the sweep behind both choices).
+A node placed anew runs at the default quality level (tests/test_quality.py). At quality custom,
+ApplyMagCache's expert inputs default to the damped forecast with the hindsight check; ApplyTeaCache
+keeps reuse without a check (docs/experiments.md section 11 has the sweep behind both choices).
 
 - A node placed in the UI takes the schema's defaults; an API graph that leaves the optional inputs
-  out takes ``execute``'s. They must be the same.
+  out takes ``execute``'s. They must be the same, except ``quality``: a graph without it was saved
+  before it existed and runs at custom, its inputs as saved.
 - On the reference image model (euler 30 steps, cfg 4; 16 images: classes 0-3 x seeds 0-3, half of
-  them never used to choose the settings), ApplyMagCache's defaults with FLUX.1-dev's published
+  them never used to choose the settings), ApplyMagCache's custom defaults with FLUX.1-dev's published
   ratios keep the worst image at >= 30 dB PSNR against uncached while skipping at least 35% of the
   block-stack rows, where the published method at the same threshold (reuse, no check) falls below
   30 dB.
@@ -33,22 +35,26 @@ def test_a_graph_without_the_optional_inputs_gets_the_schema_defaults(host, name
     node = getattr(host.pack_module("nodes.apply_nodes"), name)
     parameters = inspect.signature(node.execute).parameters
     optional = [i.id for i in node.GET_SCHEMA().inputs if i.optional and getattr(i, "default", None) is not None]
-    assert optional, "the node lost its optional inputs"
+    assert "quality" in optional, "the node lost its quality input"
+    assert parameters["quality"].default == "custom" != schema_defaults(node)["quality"]
+    optional.remove("quality")
     for input_id in optional:
         assert parameters[input_id].default == schema_defaults(node)[input_id], (
             f"{name}.{input_id}: the schema says {schema_defaults(node)[input_id]!r}, an API graph without it "
             f"gets {parameters[input_id].default!r}")
 
 
-def test_defaults_build_the_damped_forecast_with_the_hindsight_check(host):
+def test_custom_defaults_build_the_damped_forecast_with_the_hindsight_check(host):
     from harness import sampling
     from harness.sampling import schema_defaults
 
     apply_nodes = host.pack_module("nodes.apply_nodes")
     installed = host.pack_module("nodes.runtime").installed_settings
     flux = host.test_module("tiny_models").build_model("flux", seed=0)
-    mag, _ = sampling.apply(flux, "magcache", **{**schema_defaults(apply_nodes.ApplyMagCache), "variant": "flux.1-dev"})
-    tea, _ = sampling.apply(flux, "teacache", **schema_defaults(apply_nodes.ApplyTeaCache))
+    custom = {"quality": "custom"}
+    mag, _ = sampling.apply(flux, "magcache",
+                            **{**schema_defaults(apply_nodes.ApplyMagCache), "variant": "flux.1-dev", **custom})
+    tea, _ = sampling.apply(flux, "teacache", **{**schema_defaults(apply_nodes.ApplyTeaCache), **custom})
     mag_config, tea_config = installed(mag).method, installed(tea).method
     assert (mag_config.estimator.name, mag_config.check) == ("damped_forecast", "hindsight")
     assert (tea_config.estimator.name, tea_config.check) == ("reuse", None)
@@ -59,7 +65,7 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
-def test_magcache_defaults_keep_30_db_on_the_reference_model(host):
+def test_magcache_custom_defaults_keep_30_db_on_the_reference_model(host):
     import nodes
 
     from harness import sampling
@@ -68,7 +74,7 @@ def test_magcache_defaults_keep_30_db_on_the_reference_model(host):
     models = host.pack_module("demo.models")
     pixels = host.pack_module("demo.pixels")
     model = models.load_model("image")
-    defaults = schema_defaults(host.pack_module("nodes.apply_nodes").ApplyMagCache)
+    defaults = {**schema_defaults(host.pack_module("nodes.apply_nodes").ApplyMagCache), "quality": "custom"}
 
     def run(patched, class_index: int, seed: int) -> torch.Tensor:
         """One image, as the benchmark samples it (batch 1: its noise depends on the seed only)."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 
 ESTIMATOR_INPUTS = ["estimator", "forecast_order", "forecast_damping", "cfg_branches", "check", "check_tolerance"]
+MAX_TOOLTIP = 260
 INTERFACE = {
     "ApplyTeaCache": (["model", "threshold", "start_percent", "end_percent", "max_consecutive_skips",
-                       "cache_device"], ["variant", "coefficients", *ESTIMATOR_INPUTS], ["MODEL"]),
+                       "cache_device"], ["variant", "coefficients", *ESTIMATOR_INPUTS, "quality"], ["MODEL"]),
     "ApplyMagCache": (["model", "threshold", "max_consecutive_skips", "retention_ratio", "cache_device"],
-                      ["variant", "ratios", *ESTIMATOR_INPUTS, "skip_rule"], ["MODEL"]),
+                      ["variant", "ratios", *ESTIMATOR_INPUTS, "skip_rule", "quality"], ["MODEL"]),
     "MagCacheCalibrate": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
                            "latent_image", "denoise", "save_calibration"], [], ["LATENT", "MAG_RATIOS", "STRING"]),
     "TeaCacheCalibrate": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
@@ -61,6 +62,8 @@ def test_every_node_and_input_explains_itself(pack_nodes, node_id):
     for section in ("required", "optional"):
         for name, (_, options) in ((k, (v[0], v[1] if len(v) > 1 else {})) for k, v in spec.get(section, {}).items()):
             assert options.get("tooltip"), f"{node_id}.{name} has no tooltip"
+            # A tooltip says what the input does in a sentence or two; history goes in the docs.
+            assert len(options["tooltip"]) <= MAX_TOOLTIP, f"{node_id}.{name}: {len(options['tooltip'])} characters"
 
 
 def test_a_node_id_taken_by_another_pack_is_reported(host, monkeypatch, caplog):

@@ -9,6 +9,7 @@ import { api } from "../../scripts/api.js";
 
 const STATS_EVENT = "stepcache.stats";
 const CALIBRATE_NODES = new Set(["MagCacheCalibrate", "TeaCacheCalibrate"]);
+const APPLY_NODES = new Set(["ApplyTeaCache", "ApplyMagCache"]);
 const BRANCH_COLORS = { cond: "#4ea1ff", uncond: "#ff9f43" };
 
 // One section of the node's panel ("stats": what the run did; "plot": the measured ratios), in
@@ -145,6 +146,20 @@ export function showRatios(node, series) {
   resize(node);
 }
 
+// A workflow saved before the quality input existed has no value for it (it is the last widget):
+// it runs at quality "custom", its saved inputs exactly as they were, as such API graphs do on the
+// server. A node placed anew keeps the default level.
+function keepSavedSettings(nodeType) {
+  const onConfigure = nodeType.prototype.onConfigure;
+  nodeType.prototype.onConfigure = function (info) {
+    const result = onConfigure?.apply(this, arguments);
+    const quality = this.widgets?.find((w) => w.name === "quality");
+    const saved = info?.widgets_values;
+    if (quality && Array.isArray(saved) && this.widgets.indexOf(quality) >= saved.length) quality.value = "custom";
+    return result;
+  };
+}
+
 app.registerExtension({
   name: "StepCache.Stats",
   setup() {
@@ -155,6 +170,7 @@ app.registerExtension({
     });
   },
   async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (APPLY_NODES.has(nodeData.name)) keepSavedSettings(nodeType);
     if (!CALIBRATE_NODES.has(nodeData.name)) return;
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {

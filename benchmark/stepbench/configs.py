@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from harness import sampling as harness_sampling
+
 PACK_METHODS = ("teacache", "magcache")
 NATIVE_METHODS = ("easycache", "lazycache")
 KINDS = ("image", "video")  # the reference models (demo.models.load_model)
@@ -46,7 +48,7 @@ def parse_variant(spec: str) -> Variant:
     """``reuse|forecast|damped_forecast[,o=N][,d=X][,separate][,hindsight=X|,first_block=X][,planned]``,
     e.g. ``damped_forecast,d=0.3,separate,hindsight=0.05`` or ``forecast,planned``."""
     name, *options = [token.strip() for token in spec.split(",")]
-    if name not in ("reuse", "forecast", "damped_forecast"):
+    if name not in harness_sampling.pack("cache_core.estimators").ESTIMATORS:
         raise ValueError(f"unknown estimator {name!r} in variant {spec!r}")
     fields: dict = {"estimator": name}
     for option in options:
@@ -71,7 +73,9 @@ DEFAULT_VARIANT = Variant()
 # What the sweeps combine the thresholds with (``--variants``).
 VARIANT_PRESETS: dict[str, list[Variant]] = {
     "reuse": [DEFAULT_VARIANT],
-    "estimators": [DEFAULT_VARIANT, Variant("forecast"), Variant("forecast", order=2), Variant("damped_forecast")],
+    # Every registered estimator's examples (cache_core/estimators).
+    "estimators": [Variant(s.name, order=s.order, damping=s.damping)
+                   for s in harness_sampling.pack("cache_core.estimators").examples()],
     "all": [
         DEFAULT_VARIANT, Variant("forecast"), Variant("forecast", order=2), Variant("damped_forecast"),
         Variant(branches="separate"), Variant("forecast", branches="separate"),

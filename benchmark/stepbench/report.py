@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
 import statistics
 from typing import Any
 
@@ -556,7 +557,11 @@ def write(data: dict, out_dir: pathlib.Path, docs_dir: pathlib.Path | None) -> d
     (out_dir / "results.md").write_text(markdown(data, tgt, "speed_quality.png"))
     if docs_dir is not None:
         docs_dir.mkdir(parents=True, exist_ok=True)
-        (docs_dir / "benchmark.md").write_text(markdown(data, tgt, "benchmark.png"))
+        path = docs_dir / "benchmark.md"
+        # The quality levels' headline table (./dev bench --levels) stays at the top.
+        current = path.read_text() if path.exists() else ""
+        kept = re.search(r"<!-- levels:start -->.*?<!-- levels:end -->\n*", current, flags=re.S)
+        path.write_text((kept.group(0) if kept else "") + markdown(data, tgt, "benchmark.png"))
     return tgt
 
 

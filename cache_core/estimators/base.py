@@ -18,13 +18,44 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """What a node chose (tensor-free, deep-copied with the model): the estimator and its knobs."""
+
+    name: str = "reuse"
+    order: int = 1  # forecast only
+    damping: float = 0.5  # damped_forecast only
+
+    def build(self) -> Estimator:
+        from . import build  # the registry (estimators/__init__.py)
+
+        return build(self)
+
+
 class Estimator(ABC):
-    """Weights on the kept residuals of one entry. Stateless: one instance serves a whole run."""
+    """Weights on the kept residuals of one entry. Stateless: one instance serves a whole run.
+
+    Registered in ``estimators.ESTIMATORS`` by ``name``; the nodes offer, and the fuzz and the
+    benchmark sweep, what the registry lists (``examples``)."""
 
     name: ClassVar[str]
+    # Settings the fuzz and the benchmark's estimator sweep try (at least the default).
+    examples: ClassVar[tuple[EstimatorSpec, ...]] = ()
+
+    @classmethod
+    def from_spec(cls, spec: EstimatorSpec) -> Estimator:
+        """The estimator a node's choice describes."""
+        return cls()
+
+    @property
+    def planned_model(self) -> int | None:
+        """Which of a calibration's error models the planned rule charges this estimator with:
+        reuse's (0), a first-order forecast's (1), or None where it has none."""
+        return None
 
     @property
     @abstractmethod

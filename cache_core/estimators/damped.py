@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Estimator
+from .base import Estimator, EstimatorSpec
 
 
 def damped_gain(h: float, phi: float) -> float:
@@ -27,6 +27,15 @@ def damped_gain(h: float, phi: float) -> float:
 
 class DampedEstimator(Estimator):
     name = "damped_forecast"
+    examples = (EstimatorSpec("damped_forecast", damping=0.5),)
+
+    @classmethod
+    def from_spec(cls, spec: EstimatorSpec) -> DampedEstimator:
+        return cls(spec.damping)
+
+    @property
+    def planned_model(self) -> int:
+        return 1  # errs less than the plain first-order forecast on long gaps
 
     def __init__(self, damping: float = 0.5) -> None:
         if not 0.0 <= damping <= 1.0:

@@ -13,18 +13,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Estimator, lagrange_weights
+from .base import Estimator, EstimatorSpec, lagrange_weights
 
 MAX_ORDER = 2
 
 
 class ForecastEstimator(Estimator):
     name = "forecast"
+    examples = tuple(EstimatorSpec("forecast", order=order) for order in range(1, MAX_ORDER + 1))
 
     def __init__(self, order: int = 1) -> None:
         if not 1 <= order <= MAX_ORDER:
             raise ValueError(f"forecast order must be 1 to {MAX_ORDER}, got {order}")
         self.order = order
+
+    @classmethod
+    def from_spec(cls, spec: EstimatorSpec) -> ForecastEstimator:
+        return cls(spec.order)
+
+    @property
+    def planned_model(self) -> int | None:
+        return 1 if self.order == 1 else None
 
     @property
     def history(self) -> int:

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Estimator
+from .base import Estimator, EstimatorSpec
 
 REUSE_WEIGHTS = (1.0,)
 
 
 class ReuseEstimator(Estimator):
     name = "reuse"
+    examples = (EstimatorSpec("reuse"),)
+
+    @property
+    def planned_model(self) -> int:
+        return 0
 
     @property
     def history(self) -> int:

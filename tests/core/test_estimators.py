@@ -246,7 +246,7 @@ def test_teacache_branches_each_get_their_own_call(core):
 
 def test_the_first_block_check_skips_only_where_the_head_block_agrees(core):
     schedule = core.RunSchedule.from_sigmas([1 - i / 8 for i in range(9)])
-    cache = magcache_run(core, schedule, check="first_block", check_tolerance=0.1, head_cost=0.25)
+    cache = magcache_run(core, schedule, check=core.checks.FirstBlockCheck(0.1), head_cost=0.25)
     head = torch.randn(1, 6, 4)
 
     def call_at(step: int, head_scale: float) -> object:
@@ -321,7 +321,7 @@ def test_the_hindsight_check_refuses_a_skip_after_a_wrong_estimate(core, jump, p
     refused right after an estimate that was off by more than the tolerance."""
     steps = 6
     schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
-    cache = magcache_run(core, schedule, retention=0.5, check="hindsight", check_tolerance=0.1)  # 0-2 compute
+    cache = magcache_run(core, schedule, retention=0.5, check=core.checks.HindsightCheck(0.1))  # 0-2 compute
     residuals = {0: 1.0, 1: 1.0, 2: jump, 3: jump}
     for step in range(steps):
         x = torch.randn(1, 3, 2)
@@ -340,7 +340,7 @@ def test_the_hindsight_check_scales_the_measured_error_to_the_gap(core):
     steps = 10
     schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
     for name, allowed_two_steps_on in (("reuse", True), ("forecast", False)):
-        cache = magcache_run(core, schedule, name, check="hindsight", check_tolerance=0.1)
+        cache = magcache_run(core, schedule, name, check=core.checks.HindsightCheck(0.1))
         entry = cache._entry("c", 0)
         slot = entry.history.slot_for(torch.zeros(1), 0.3)
         entry.history.commit(slot, 0.3)

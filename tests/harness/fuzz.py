@@ -41,8 +41,11 @@ SCHEDULERS = ["simple", "normal", "karras", "exponential", "sgm_uniform", "beta"
 # Thresholds: 0 (never skip), a moderate one, and one that skips nearly everything.
 THRESHOLDS = {"teacache": [0.0, 0.3, 5.0], "magcache": [0.0, 0.1, 5.0]}
 # The Apply nodes' shared inputs: (estimator, forecast_order, forecast_damping).
-ESTIMATORS = [("reuse", 1, 0.5), ("forecast", 1, 0.5), ("forecast", 2, 0.5), ("damped_forecast", 1, 0.5)]
+# (The registry's examples: an estimator registered in cache_core/estimators is drawn as it is added.)
+ESTIMATORS = [(spec.name, spec.order, spec.damping) for spec in sampling.pack("cache_core.estimators").examples()]
 CFG_BRANCHES = ["together", "separate"]
+# The quality knob: custom (the expert inputs as drawn) half the time, else a level.
+QUALITIES = ["custom", "custom", "custom", "lossless", "high", "balanced", "fast"]
 # Checks: off, or (check, tolerance) strict (most checked steps compute) and lenient (most skip).
 CHECKS = [("off", 0.1), ("off", 0.1), ("first_block", 0.05), ("first_block", 10.0), ("hindsight", 0.05),
           ("hindsight", 10.0)]
@@ -129,6 +132,12 @@ class RunSpec:
     advanced: tuple[int, int] | None  # KSamplerAdvanced (start_step, last_step)
     interrupt_after: int | None  # interrupt once this many steps have completed
     seed: int
+    quality: str = "custom"  # at a level, the expert inputs (threshold, estimator, ...) are not used
+
+    @property
+    def never_skips(self) -> bool:
+        """Settings that can never skip (threshold 0 at quality custom): bit-identical to unpatched."""
+        return self.quality == "custom" and self.threshold == 0.0
 
     @property
     def schedule_steps(self) -> int:
@@ -168,7 +177,7 @@ def draw(rng: random.Random, covered: Coverage) -> RunSpec:
         scale=rng.choice([1, 1, 2]), frames=rng.choice([None, 2, 3]) if family in covered.video else None,
         advanced=advanced,
         interrupt_after=rng.randrange(1, max(2, steps - 1)) if rng.random() < 0.15 else None,
-        seed=rng.randrange(1000),
+        seed=rng.randrange(1000), quality=rng.choice(QUALITIES),
     )
 
 
@@ -237,7 +246,8 @@ class Driver:
         estimator, order, damping = spec.estimator
         inputs: dict[str, Any] = {"threshold": spec.threshold, "estimator": estimator, "forecast_order": order,
                                   "forecast_damping": damping, "cfg_branches": spec.cfg_branches,
-                                  "check": spec.check[0], "check_tolerance": spec.check[1]}
+                                  "check": spec.check[0], "check_tolerance": spec.check[1],
+                                  "quality": spec.quality}
         family = self.families.family_for(self.base_model(spec.family).model)
         if spec.method == "magcache":
             # Tiny models are no published checkpoint: a published table chosen by name where the
@@ -254,7 +264,7 @@ class Driver:
         return sampling.apply(self.base_model(spec.family), spec.method, **inputs)
 
     def reused(self, spec: RunSpec) -> tuple[Any, str]:
-        key = (spec.family, spec.method, spec.threshold, spec.estimator, spec.cfg_branches, spec.check)
+        key = (spec.family, spec.method, spec.threshold, spec.estimator, spec.cfg_branches, spec.check, spec.quality)
         if key not in self.patched:
             self.patched[key] = self.apply(spec)
         return self.patched[key]
@@ -269,7 +279,7 @@ class Driver:
         run = sampling.stats(node_id)
         steps = spec.schedule_steps
         # Runs the cache declines report their reason and no branches (nothing was decided).
-        declined = steps < MIN_STEPS_TO_CACHE or spec.threshold == 0.0
+        declined = steps < MIN_STEPS_TO_CACHE or spec.never_skips
         branches = set() if declined else {"cond", "uncond"} if spec.cfg > 1.0 else {"cond"}
         problems = []
         if run["steps"] != steps:
@@ -309,7 +319,7 @@ class Driver:
             return
         if (problem := self.check_stats(spec, node_id)) is not None:
             report.stats_errors.append(f"{spec}: {problem}")
-        if spec.threshold == 0.0 or spec.schedule_steps < MIN_STEPS_TO_CACHE:
+        if spec.never_skips or spec.schedule_steps < MIN_STEPS_TO_CACHE:
             report.identical_checks += 1
             if not same_output(output, spec.run(self.base_model(spec.family))):
                 report.uncached_mismatches.append(str(spec))

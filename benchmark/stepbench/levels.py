@@ -1,0 +1,134 @@
+"""The headline table: each quality level on both reference models and both samplers, beside the
+fastest setting of ComfyUI's native EasyCache and LazyCache that holds the same worst case.
+
+Quality-only (rows of the block stack, deterministic; valid on a busy machine). The levels run as
+a user gets them: Apply MagCache with nothing but ``quality`` set (``variant: auto``, no table, no
+calibration). Evaluation: the image model on classes 0-3 x seeds 0-3 (16 images), the video model
+on classes 0-3 x seeds 0-1 (8 clips), cfg 4; worst and mean PSNR of the decoded output against
+uncached.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+from harness import sampling as harness_sampling
+
+from . import metrics
+from .configs import Config, Pair, SamplerSetting
+from .runner import Bench
+
+SETTINGS = (SamplerSetting("euler", 30, 4.0), SamplerSetting("dpmpp_2m", 20, 4.0))
+PAIRS = {"image": [Pair(c, s) for c in range(4) for s in range(4)],
+         "video": [Pair(c, s) for c in range(4) for s in range(2)]}
+NATIVE_THRESHOLDS = (0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5)
+START, END = "<!-- levels:start -->", "<!-- levels:end -->"
+
+
+def measure(bench: Bench, model: Any, node_id: str | None, config: Config, setting: SamplerSetting,
+            references: dict) -> dict:
+    """Rows speedup, worst and mean PSNR, and the first pair's skip pattern, over the pairs."""
+    psnrs: list[float] = []
+    rows_total = rows_computed = 0
+    pattern = None
+    for pair, reference in references.items():
+        latent = bench.sample(model, pair, setting)
+        counts = bench.skip_counts(config, node_id, setting, pair)
+        rows_total += counts["rows_total"]
+        rows_computed += counts["rows_total"] - counts["rows_skipped"] + counts["rows_checked"] * counts["head_cost"]
+        if pattern is None:
+            pattern = counts.get("patterns", {}).get("cond")
+        psnrs += [p for p, _ in metrics.compare(reference, bench.decode(latent))]
+    return {"rows": rows_total / rows_computed, "worst": min(psnrs), "mean": metrics.finite_mean(psnrs),
+            "pattern": pattern}
+
+
+def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[[str], None]) -> dict:
+    levels = harness_sampling.pack("cache_core.quality").LEVELS
+    out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": []}
+    for kind in kinds:
+        bench = Bench(kind)
+        for setting in SETTINGS:
+            if samplers and setting.sampler not in samplers:
+                continue
+            references = {pair: bench.decode(bench.sample(bench.base, pair, setting)) for pair in PAIRS[kind]}
+            cell: dict = {"kind": kind, "setting": setting.key, "levels": {}, "native": {}}
+            for name in levels:
+                model, node_id = harness_sampling.apply(bench.base.clone(), "magcache", quality=name)
+                cell["levels"][name] = result = measure(bench, model, node_id, Config("magcache"), setting, references)
+                progress(f"{kind} {setting.key} {name}: {result['rows']:.2f}x, {result['worst']:.2f} / "
+                         f"{result['mean']:.2f} dB")
+            for method in ("easycache", "lazycache"):
+                cell["native"][method] = []
+                for threshold in NATIVE_THRESHOLDS:
+                    config = Config(method, threshold=threshold)
+                    model, _ = bench.build(config, {})
+                    result = {"threshold": threshold, **measure(bench, model, None, config, setting, references)}
+                    cell["native"][method].append(result)
+                    progress(f"{kind} {setting.key} {method} {threshold}: {result['rows']:.2f}x, "
+                             f"{result['worst']:.2f} dB")
+            out["cells"].append(cell)
+        bench.close()
+    return out
+
+
+def best_native(results: list[dict], worst_db: float) -> dict | None:
+    """The fastest native setting whose worst case holds ``worst_db``."""
+    held = [r for r in results if r["worst"] >= worst_db and r["rows"] > 1.0]
+    return max(held, key=lambda r: r["rows"]) if held else None
+
+
+def markdown(data: dict, command: str) -> str:
+    cells = data["cells"]
+    names = [f"{c['kind']}, {c['setting'].replace('-', ' ')}" for c in cells]
+    out = [
+        "## Quality levels (the headline)",
+        "",
+        f"Made by `{command}`. Row speedup of the block stack, worst / mean PSNR (dB) against uncached; "
+        "image model: 16 images (classes 0-3 x seeds 0-3), video model: 8 clips (classes 0-3 x seeds 0-1), "
+        "cfg 4. The pack: Apply MagCache with only `quality` set (`variant: auto`, no table, no calibration). "
+        "Native: the fastest reuse_threshold of "
+        f"{list(NATIVE_THRESHOLDS)} whose worst case holds the level's promise (- where none does).",
+        "",
+        "| level (promise) | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(cells),
+    ]
+    for name, promise in data["levels"].items():
+        row = []
+        for cell in cells:
+            r = cell["levels"][name]
+            mark = "" if r["worst"] >= promise else " (**missed**)"
+            row.append(f"{r['rows']:.2f}x, {r['worst']:.2f} / {r['mean']:.2f}{mark}")
+        out.append(f"| **{name}** (>= {promise:g} dB) | " + " | ".join(row) + " |")
+        for method, label in (("easycache", "EasyCache"), ("lazycache", "LazyCache")):
+            row = []
+            for cell in cells:
+                best = best_native(cell["native"][method], promise)
+                row.append("-" if best is None else
+                           f"{best['rows']:.2f}x, {best['worst']:.2f} / {best['mean']:.2f} (thr {best['threshold']:g})")
+            out.append(f"| {label} at >= {promise:g} dB | " + " | ".join(row) + " |")
+    out += ["", "Skip patterns of the first image or clip (C computed, S skipped):", ""]
+    for cell, label in zip(cells, names, strict=True):
+        patterns = ", ".join(f"{name} `{r['pattern']}`" for name, r in cell["levels"].items())
+        out.append(f"- {label}: {patterns}")
+    return "\n".join(out) + "\n"
+
+
+def write(data: dict, command: str, out_dir: pathlib.Path, docs: pathlib.Path | None) -> str:
+    text = markdown(data, command)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "levels.json").write_text(json.dumps(data, indent=1))
+    (out_dir / "levels.md").write_text(text)
+    if docs is not None:
+        current = docs.read_text() if docs.exists() else ""
+        block = f"{START}\n{text}{END}"
+        if START in current:
+            current = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, current, flags=re.S)
+        else:
+            current = block + "\n\n" + current
+        docs.write_text(current)
+    return text

@@ -1,0 +1,61 @@
+"""The quality levels: the one knob of both Apply nodes, each a promise about worst-case fidelity.
+
+A level is a set of settings for the measured-error rule (``MeasuredErrorConfig``), which needs no
+published table and no calibration, so every level serves every cached model family. Each level's
+``worst_db`` is what it was chosen to hold, as the worst-case PSNR against uncached sampling on the
+project's reference models (image and video, euler 30 and dpmpp_2m 20 steps, cfg 4); the figures
+it reached are in docs/benchmark.md, and the sweep that chose them in docs/experiments.md.
+
+``custom`` is not a level: the node then runs its expert inputs exactly as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .estimators import EstimatorSpec
+from .methods import MeasuredErrorConfig
+
+
+@dataclass(frozen=True)
+class QualityLevel:
+    name: str
+    summary: str  # what a user gets, in a few words (tooltips, README)
+    worst_db: float  # the worst-case PSNR the level was chosen to hold on the reference models
+    tolerance: float  # the largest predicted relative error of a skipped step
+    max_consecutive_skips: int
+    retention_ratio: float = 0.2
+    growth: float = 1.0  # prior exponent of the error's growth with the gap (fitted up to 2)
+    guided: bool = True  # measure on the guided residual, else per CFG branch
+    estimator: EstimatorSpec = field(default_factory=lambda: EstimatorSpec("damped_forecast", damping=0.5))
+
+    def config(self) -> MeasuredErrorConfig:
+        return MeasuredErrorConfig(
+            tolerance=self.tolerance, max_consecutive_skips=self.max_consecutive_skips,
+            retention_ratio=self.retention_ratio, growth=self.growth, guided=self.guided, estimator=self.estimator,
+            level=self.name,
+        )
+
+
+# The settings were chosen on the reference models by sweeps of the rule's tolerance, K, retention,
+# growth exponent and measurement (per branch or on the guided residual): docs/experiments.md
+# section 13. Per-branch measurement with the error charged as gap^2 held the worst case best at
+# the faithful end; the guided measurement with a fitted growth is fastest at the fast end.
+LEVELS: dict[str, QualityLevel] = {
+    level.name: level
+    for level in (
+        QualityLevel("lossless", "no visible change", 37.0, tolerance=0.03, max_consecutive_skips=2,
+                     growth=2.0, guided=False),
+        QualityLevel("high", "hard to tell apart", 32.0, tolerance=0.04, max_consecutive_skips=2,
+                     growth=2.0, guided=False),
+        QualityLevel("balanced", "small changes in detail", 30.0, tolerance=0.06, max_consecutive_skips=2,
+                     growth=2.0, guided=False),
+        QualityLevel("fast", "fastest; visible changes", 24.0, tolerance=0.3, max_consecutive_skips=3,
+                     retention_ratio=0.25),
+    )
+}
+CUSTOM = "custom"
+DEFAULT_LEVEL = "balanced"
+QUALITY_OPTIONS = [*LEVELS, CUSTOM]
+
+__all__ = ["CUSTOM", "DEFAULT_LEVEL", "LEVELS", "QUALITY_OPTIONS", "QualityLevel"]

@@ -1,0 +1,102 @@
+"""The measured-error rule on its own (no ComfyUI): what the quality levels run.
+
+Every computed call measures what the estimator would have returned for it; the rule fits the
+run's error growth from those measurements and skips while the predicted error of a skip is within
+the tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def measured_run(core, steps=12, tolerance=0.1, k=3, retention=0.0, estimator="forecast", cfg=None, ramp=0.0):
+    schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
+    policy = core.policies.MeasuredErrorPolicy(schedule, tolerance, k, retention,
+                                               estimator=core.EstimatorSpec(estimator).build(), ramp=ramp)
+    return schedule, core.RunCache(schedule, policy, cfg=cfg)
+
+
+def sigma(schedule, step, rows=1):
+    return torch.tensor([schedule.sigmas[step]] * rows)
+
+
+def drive(cache, schedule, residual_at, keys=("c",), branches=(0,)):
+    """Run every step with a stack whose residual is ``residual_at(step, entry index)``; returns
+    the pattern and, per skipped step, the estimate's error against that residual."""
+    errors = {}
+    for step in range(schedule.steps):
+        x = torch.randn(len(keys), 8, 4)
+        true = torch.cat([residual_at(step, i).expand(1, 8, 4) for i in range(len(keys))])
+        call = cache.begin(sigma(schedule, step, len(keys)), keys, branches, x)
+        if call.skip:
+            errors[step] = float((call.cached_output - x - true).abs().mean() / true.abs().mean())
+        else:
+            cache.finish(call, x + true)
+    return cache.close(), errors
+
+
+def test_a_residual_the_forecast_follows_exactly_skips_up_to_k_after_the_first_measurement(core):
+    schedule, cache = measured_run(core, tolerance=0.05, k=3)
+    stats, errors = drive(cache, schedule, lambda step, _: torch.tensor(1.0 + 0.5 * step / 12))
+    # Two computed steps anchor the forecast, the third measures it (error 0): then runs of 3 skips,
+    # and the last step always computes.
+    assert stats.branches[0].pattern == "CCCSSSCSSSCC"
+    assert max(errors.values()) < 1e-5
+
+
+def test_a_measured_error_over_the_tolerance_stops_the_skips(core):
+    # The residual turns sharply at every step: the measured error stays far over the tolerance.
+    schedule, cache = measured_run(core, tolerance=0.05, k=3)
+    stats, _ = drive(cache, schedule, lambda step, _: torch.tensor((-1.0) ** step * (1 + step)))
+    assert stats.branches[0].pattern == "C" * 12
+
+
+def test_the_tolerance_bounds_the_error_of_the_skips_it_allows(core):
+    """A residual on a curve: the skips the rule allows err by about the tolerance at most, and a
+    larger tolerance allows more skips."""
+    curve = lambda step, _: torch.tensor(1.0 + (step / 12) ** 2 * 3)  # noqa: E731
+    skipped = []
+    for tolerance in (0.01, 0.05, 0.2):
+        schedule, cache = measured_run(core, tolerance=tolerance, k=4)
+        stats, errors = drive(cache, schedule, curve)
+        assert all(e <= 2 * tolerance for e in errors.values()), (tolerance, errors)
+        skipped.append(stats.branches[0].steps_skipped)
+    assert skipped == sorted(skipped) and skipped[-1] > skipped[0]
+
+
+def test_tolerance_zero_never_skips(core):
+    _, cache = measured_run(core, tolerance=0.0)
+    assert not cache.enabled
+    assert "never skip" in cache.disabled_reason
+
+
+def test_both_cfg_branches_are_measured_on_the_guided_residual_and_decide_together(core):
+    """With the guidance scale known, a call holding cond and uncond measures the error of
+    cfg * cond - (cfg - 1) * uncond: here each branch alone is forecast badly, but their errors
+    cancel in the guided residual, so both skip, at the same steps."""
+    cfg = 3.0
+
+    def residual(step, index):
+        wobble = 0.3 * (-1.0) ** step  # what the forecast cannot follow, in both branches alike
+        return torch.tensor(1.0 + 0.1 * step + wobble) if index == 0 else torch.tensor(1.5 + 0.1 * step + wobble * cfg / (cfg - 1))
+
+    schedule, cache = measured_run(core, tolerance=0.05, k=1, cfg=cfg)
+    stats, _ = drive(cache, schedule, residual, keys=("c", "u"), branches=(0, 1))
+    cond, uncond = stats.branches
+    assert cond.pattern == uncond.pattern and cond.steps_skipped > 0
+    # Without the guidance scale each branch is measured alone, and the wobble refuses every skip.
+    schedule, cache = measured_run(core, tolerance=0.05, k=1)
+    stats, _ = drive(cache, schedule, residual, keys=("c", "u"), branches=(0, 1))
+    assert stats.branches[0].steps_skipped == 0
+
+
+def test_the_ramp_raises_the_tolerance_after_the_retained_head(core):
+    steps = 10
+    schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
+    policy = core.policies.MeasuredErrorPolicy(schedule, 0.2, 3, 0.2, ramp=0.4)
+    tolerances = policy.step_tolerance
+    assert policy.retained[:2] == (True, True) and not policy.retained[2]
+    assert list(tolerances) == sorted(tolerances) and tolerances[2] < 0.2 * 0.25
+    assert tolerances[6:] == pytest.approx([0.2] * 4)
