@@ -5,6 +5,9 @@
     ./dev bench            full sweep (results: bench-out/results.md, .json, speed_quality.png,
                            and a copy in docs/benchmark.md + docs/benchmark.png); hours on 2 busy
                            CPU cores (--reps 1 about halves the sweep part)
+    ./dev bench --gpu      the prepared GPU check (stepbench/gpu.py): real-size random-weight
+                           FLUX.1-dev and Wan 2.1 14B in bf16 on one large GPU, a few minutes;
+                           --gpu-geometry tiny runs it on CPU at test size (bench-out/gpu.md)
     ./dev bench --quick    reduced sweep to check the plumbing (bench-out/ only); a few minutes
     ./dev bench --quality-only --kinds image --samplers euler --methods magcache \
                 --variants estimators --only "published"      quality and skip counts only,
@@ -46,6 +49,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="only the headline table: the quality levels on both reference models and both "
                         "samplers beside EasyCache and LazyCache (quality-only; bench-out/levels.md, and the "
                         "top of docs/benchmark.md with --docs); about 15 min")
+    parser.add_argument("--gpu", action="store_true",
+                        help="only the prepared GPU check: real-size random-weight FLUX.1-dev and Wan 2.1 14B in bf16 "
+                        "(wall time against rows, no-skip cost, Compile Blocks, held memory; bench-out/gpu.md); "
+                        "a few minutes on one large GPU")
+    parser.add_argument("--gpu-geometry", choices=["real", "tiny"], default="real",
+                        help="with --gpu: tiny runs the same check on CPU at test size")
+    parser.add_argument("--gpu-reps", type=int, default=2, help="with --gpu: interleaved repetitions (default 2)")
     parser.add_argument("--quick", action="store_true", help="reduced sweep, small overhead model (~2 min)")
     parser.add_argument("--classes", type=int, default=None, help="evaluation classes (default 4; quick 2)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per class (default 2; quick 1)")
@@ -122,6 +132,8 @@ def main(argv: list[str]) -> int:
 
     from harness import host
 
+    if args.gpu and args.gpu_geometry == "real":
+        os.environ[host.HOST_DEVICE_VARIABLE] = "auto"
     host.boot()
     import comfy.utils
     import torch
@@ -136,6 +148,12 @@ def main(argv: list[str]) -> int:
     def progress(text: str) -> None:
         print(text, flush=True)
 
+    if args.gpu:
+        from stepbench import gpu
+
+        gpu.run_gpu_check(args.gpu_geometry, args.gpu_reps, args.out, progress)
+        print(f"wrote {args.out / 'gpu.md'} in {(time.perf_counter() - started) / 60:.1f} min")
+        return 0
     if args.levels:
         from stepbench import levels
 

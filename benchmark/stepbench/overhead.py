@@ -42,6 +42,7 @@ from comfy.patcher_extension import WrappersMP
 from harness import host as host_module
 from harness import sampling as harness_sampling
 
+from .geometry import FluxGeometry
 from .report import NO_SKIP_NAMES
 from .runner import PROBE_WRAPPER_KEY, PUBLISHED_VARIANT, MemoryProbe
 
@@ -90,33 +91,11 @@ class OverheadSpec:
 
 
 def flux_template(spec: OverheadSpec, builder: Any) -> Any:
-    """A checkpoint in FLUX.1's format (Black Forest Labs' release, which every ComfyUI version
-    loads) of this width and depth, without guidance embedding, sampled as ``Flux`` (detection
-    would say FluxSchnell, whose schedule differs). Detection reads widths and depths from the
-    shapes but assumes FLUX.1's 24 heads of 128 and its RoPE axes: the overlay sets heads of 64
-    (axes 16 + 24 + 24)."""
-    h, mlp, ctx, pooled = spec.hidden, 4 * spec.hidden, 64, 32
-
-    def linear(name: str, out: int, inp: int) -> list[tuple[str, tuple[int, ...]]]:
-        return [(f"{name}.weight", (out, inp)), (f"{name}.bias", (out,))]
-
-    def qk_norm(prefix: str) -> list[tuple[str, tuple[int, ...]]]:
-        return [(f"{prefix}.norm.query_norm.scale", (64,)), (f"{prefix}.norm.key_norm.scale", (64,))]
-
-    shapes = [*linear("img_in", h, 16 * 4), *linear("time_in.in_layer", h, 256), *linear("time_in.out_layer", h, h),
-              *linear("vector_in.in_layer", h, pooled), *linear("vector_in.out_layer", h, h), *linear("txt_in", h, ctx)]
-    for i in range(spec.depth):
-        for stream in ("img", "txt"):
-            b = f"double_blocks.{i}.{stream}"
-            shapes += [*linear(f"{b}_mod.lin", 6 * h, h), *linear(f"{b}_attn.qkv", 3 * h, h), *qk_norm(f"{b}_attn"),
-                       *linear(f"{b}_attn.proj", h, h), *linear(f"{b}_mlp.0", mlp, h), *linear(f"{b}_mlp.2", h, mlp)]
-    for i in range(spec.single):
-        b = f"single_blocks.{i}"
-        shapes += [*linear(f"{b}.linear1", 3 * h + mlp, h), *linear(f"{b}.linear2", h, h + mlp), *qk_norm(b),
-                   *linear(f"{b}.modulation.lin", 3 * h, h)]
-    shapes += [*linear("final_layer.linear", 16 * 4, h), *linear("final_layer.adaLN_modulation.1", 2 * h, h)]
-    return builder.Template(dict(shapes), overlay={"num_heads": h // 64, "axes_dim": [16, 24, 24]},
-                            config_class="Flux")
+    """A checkpoint in FLUX.1's format of this width and depth, with heads of 64, small text
+    inputs and no guidance embedding, sampled as ``Flux`` (detection would say FluxSchnell, whose
+    schedule differs)."""
+    return FluxGeometry(hidden=spec.hidden, double=spec.depth, single=spec.single, head_dim=64, context_dim=64,
+                        pooled_dim=32, guidance=False).template(builder)
 
 
 def build_model(spec: OverheadSpec, seed: int = 0) -> comfy.model_patcher.ModelPatcher:

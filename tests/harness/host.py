@@ -71,16 +71,23 @@ class Host:
         return importlib.import_module(f"{self.test_nodes.__name__}.{dotted}")
 
 
+# "cpu" (the default) or "auto": ComfyUI picks its device, as a user's start-up does.
+HOST_DEVICE_VARIABLE = "STEPCACHE_HOST_DEVICE"
+
+
 @functools.cache
 def boot() -> Host:
-    """Import ComfyUI on CPU and load the custom nodes exactly as ComfyUI's start-up does."""
+    """Import ComfyUI (on CPU unless STEPCACHE_HOST_DEVICE says otherwise) and load the custom nodes
+    exactly as ComfyUI's start-up does."""
     root = comfyui_dir()
     base = make_base_directory("stepcache-inproc-")
     sys.path.insert(0, str(root))
 
     from comfy.cli_args import args  # parsing of sys.argv stays off (comfy.options default)
 
-    args.cpu = True  # before comfy.model_management is imported
+    # Before comfy.model_management is imported. Only the GPU check (./dev bench --gpu) asks for
+    # ComfyUI's own device choice.
+    args.cpu = os.environ.get(HOST_DEVICE_VARIABLE, "cpu") == "cpu"
     args.base_directory = str(base)
     args.disable_auto_launch = True
     # `nodes` puts comfy/ on sys.path; importing this first keeps `utils` resolving to ComfyUI's
