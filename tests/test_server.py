@@ -205,9 +205,8 @@ def test_the_readme_headless_example_runs_and_prints_the_cache_stats(server, tmp
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "status: success" in done.stdout
-    summary = re.search(r"node \S+: MagCache \+ damped forecast \(damping 0.5\) \(published FLUX.1-dev ratios "
-                        r"\(Zehong-Ma/MagCache\), chosen with the variant input\): .*block stack ran (\d+)/(\d+) calls",
-                        done.stdout)
+    summary = re.search(r"node \S+: measured error \+ damped forecast \(damping 0.5\) \(quality balanced: none "
+                        r"needed \(the run measures its own error\)\): .*block stack ran (\d+)/(\d+) calls", done.stdout)
     assert summary, done.stdout
     computed, total = map(int, summary.groups())
     assert 0 < computed < total  # the demo workflow does skip
