@@ -225,8 +225,9 @@ class WebSocketEvents:
         asyncio.run_coroutine_threadsafe(self.socket.close(), self.loop).result(10)
         self.thread.join(10)
 
-    def wait_for(self, count: int, timeout: float = 10.0) -> list[dict]:
-        """The events received, once there are ``count`` (the last one may trail the prompt's end)."""
+    def wait_for(self, count: int, timeout: float = 60.0) -> list[dict]:
+        """The events received, once there are ``count`` (the last one may trail the prompt's end), or
+        what came by the deadline: a condition, polled; the deadline only bounds a failing test."""
         import time
 
         deadline = time.monotonic() + timeout

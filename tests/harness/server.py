@@ -60,15 +60,16 @@ class ComfyServer:
             env={**os.environ, "PYTHONUNBUFFERED": "1",
                  **({"OMP_NUM_THREADS": str(self.threads)} if self.threads else {})},
         )
+        # Up once it answers: ComfyUI opens its port only after loading every node pack.
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"ComfyUI exited at start-up:\n{self.log()}")
             try:
-                self.get("/system_stats")
+                self.get("/system_stats", timeout=max(1.0, min(30.0, deadline - time.monotonic())))
                 return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.25)
+                time.sleep(0.25)  # the polling interval, not a wait for anything
         self.stop()
         raise TimeoutError(f"ComfyUI did not answer within {self.startup_timeout}s:\n{self.log()}")
 
@@ -89,8 +90,8 @@ class ComfyServer:
 
     # HTTP --------------------------------------------------------------------------------
 
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+    def get(self, path: str, timeout: float = 30.0) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
             return json.loads(response.read())
 
     def post(self, path: str, body: dict) -> tuple[int, Any]:
@@ -111,18 +112,27 @@ class ComfyServer:
         return body["prompt_id"]
 
     def wait(self, prompt_id: str, timeout: float = 120.0) -> dict:
-        """The /history entry of a finished prompt."""
+        """The /history entry of a finished prompt, polled until it is there or `timeout` seconds
+        have passed. A poll the busy server does not answer in time is a poll that saw nothing yet:
+        only the deadline (or the server's death) ends the wait."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            history = self.get(f"/history/{prompt_id}")
+        last_error: Exception | None = None
+        while True:
+            try:
+                history = self.get(f"/history/{prompt_id}", timeout=max(1.0, min(30.0, deadline - time.monotonic())))
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+                history, last_error = {}, error
             if prompt_id in history and history[prompt_id].get("status", {}).get("completed") is not None:
                 entry = history[prompt_id]
                 if entry["status"]["status_str"] in ("success", "error"):
                     return entry
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"ComfyUI died while running {prompt_id}:\n{self.log()}")
-            time.sleep(0.1)
-        raise TimeoutError(f"prompt {prompt_id} did not finish in {timeout}s")
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)  # the polling interval, not a wait for anything
+        raise TimeoutError(f"prompt {prompt_id} did not finish in {timeout}s"
+                           + (f" (last poll failed: {last_error!r})" if last_error else ""))
 
     def run(self, graph: dict, timeout: float = 120.0) -> dict:
         return self.wait(self.queue(graph), timeout)
