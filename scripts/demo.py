@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
           f" -> {uncached_time / cached_time:.2f}x")
     print(f"Output vs uncached: PSNR mean {statistics.fmean(scores):.1f} dB, worst {min(scores):.1f} dB"
           f" over {len(scores)} images")
+    (args.out / "stats.json").write_text(json.dumps(last_stats, indent=1))  # scripts/readme_figure.py reads it
     print(f"Images: {args.out}")
     return 0
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-import re
 import statistics
 from typing import Any
 
@@ -50,7 +49,8 @@ def _compared(results: list[dict]) -> list[dict]:
 
 def best_reduction(results: list[dict], line: str, level: float = PSNR_TARGET) -> dict | None:
     """The configuration of this line with the highest block-stack row speedup at worst-case PSNR >= level."""
-    ok = [r for r in _compared(results) if r["line"] == line and r["psnr_worst"] >= level and r["row_skip_fraction"] > 0]
+    ok = [r for r in _compared(results)
+          if r["line"] == line and r["psnr_worst"] >= level and r["row_skip_fraction"] > 0]
     return max(ok, key=lambda r: (r["row_speedup"], r["psnr_worst"]), default=None)
 
 
@@ -257,7 +257,7 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
     meta = data["meta"]
     plan = meta["plan"]
     out = [
-        "# StepCache benchmark",
+        "# The last full sweep (`./dev bench`)",
         "",
         f"Made by `{meta['command']}` on {meta['date']} in {meta['seconds'] / 60:.1f} min.",
         "",
@@ -276,15 +276,19 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
         + ". The image model is detected by the pack as a flux-architecture model (not a published checkpoint); "
         "*published* means FLUX.1-dev's TeaCache polynomial and MagCache ratio table, chosen with the Apply "
         "nodes' variant input (`flux.1-dev`); the video model as Wan 2.1 (its published Wan 2.1 1.3B constants).",
-        f"- **Sampler settings**: {', '.join(dict.fromkeys(s['setting']['name'] + ' (' + s['setting']['scheduler'] + ')' for s in data['settings']))}; "
+        "- **Sampler settings**: "
+        + ", ".join(dict.fromkeys(f"{s['setting']['name']} ({s['setting']['scheduler']})" for s in data["settings"]))
+        + "; "
         "negative = the model's null embedding (real cond + uncond model calls, batched by ComfyUI).",
         f"- **Evaluation**: classes {plan['classes']} x seeds {plan['seeds']}, batch {plan['batch']} "
         f"({plan['images']} images or videos per configuration); quality against the uncached output of the same "
         "class and seed.",
-        f"- **Calibration** (once per model and sampler setting, not saved to disk): `measure()` of MagCacheCalibrate / "
+        "- **Calibration** (once per model and sampler setting, not saved to disk): `measure()` of "
+        "MagCacheCalibrate / "
         f"TeaCacheCalibrate on a batch of classes {plan['calibration_classes']}, seed {plan['calibration_seed']} "
         "(disjoint from the evaluation seeds" + ("" if not plan["notes"] else "; " + "; ".join(plan["notes"])) + ").",
-        f"- **Sweeps**: ApplyTeaCache threshold {plan['teacache_thresholds']} (max_consecutive_skips {plan['teacache_k']}); "
+        f"- **Sweeps**: ApplyTeaCache threshold {plan['teacache_thresholds']} "
+        f"(max_consecutive_skips {plan['teacache_k']}); "
         f"ApplyMagCache threshold {plan['magcache_thresholds']} x K (max_consecutive_skips) {plan['magcache_ks']}, "
         f"retention_ratio {plan['magcache_retention']}"
         + (f" (the planned rule: error budget {plan['planned_thresholds']}, calibrated constants only)"
@@ -294,7 +298,8 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
         "constants, and each combined with the estimator variants: "
         + "; ".join(_variant_text(v) for v in plan.get("variants", [{}]))
         + f". Native EasyCache and LazyCache: reuse_threshold {plan['native_thresholds']}, start_percent 0.15, "
-        "end_percent 0.95 (their defaults)." + (f" Only configurations matching `{plan['only']}`." if plan.get("only") else ""),
+        "end_percent 0.95 (their defaults)."
+        + (f" Only configurations matching `{plan['only']}`." if plan.get("only") else ""),
         ("- **Timing**: none (quality-only run: one cached run per pair; rows and quality are deterministic)."
          if meta.get("quality_only") else
          f"- **Timing**: per configuration and per (class, seed) pair, {plan['reps']} interleaved repetitions "
@@ -308,7 +313,8 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
         "(`x += diff` in `apply_cache_diff`). On a bf16 GPU run that tensor is a private copy, made by the "
         "dtype cast in `BaseModel._apply_model`; on this fp32 CPU host the cast is a no-op, so the input "
         "is the very tensor the sampler then uses as `model_input` in `calculate_denoised`, and EasyCache's "
-        "output would be wrong in a way no GPU user sees (the diagnostic row *as-is, no input copy* shows by how much). "
+        "output would be wrong in a way no GPU user sees (the diagnostic row *as-is, no input copy* shows by "
+        "how much). "
         "Each native node here therefore gets one extra DIFFUSION_MODEL wrapper, registered on the model clone "
         "*before* the node's own wrappers (so it is the outermost), that hands the model a copy of its input, as "
         "the bf16 cast would. LazyCache (a PREDICT_NOISE wrapper that does not write in place) gets the same "
@@ -414,7 +420,9 @@ def _targets_md(tgt: dict) -> list[str]:
         for setting, levels in rows_at.items():
             for level, e in levels.items():
                 def cell(x: dict | None) -> str:
-                    return "-" if x is None else f"{x['row_speedup']:.2f}x ({x['label']}; {_fmt_db(x['psnr_worst'])} dB)"
+                    if x is None:
+                        return "-"
+                    return f"{x['row_speedup']:.2f}x ({x['label']}; {_fmt_db(x['psnr_worst'])} dB)"
 
                 out.append(f"| {setting} | {level} dB | {cell(e['pack'])} | {cell(e[NATIVE_LINES[0]])} | "
                            f"{cell(e[NATIVE_LINES[1]])} |")
@@ -422,7 +430,8 @@ def _targets_md(tgt: dict) -> list[str]:
     if tgt["b_wall_speedup_at_matched_psnr"]:
         out += ["**(b) Wall-time speedup at matched quality**: the best wall-time speedup of each side among its "
                 "configurations with worst-case PSNR at or above the level (pack = best of its lines).", "",
-                "| setting | worst PSNR >= | pack (best) | EasyCache | LazyCache | pack / EasyCache | pack / LazyCache |",
+                "| setting | worst PSNR >= | pack (best) | EasyCache | LazyCache | pack / EasyCache | "
+                "pack / LazyCache |",
                 "|---|---|---|---|---|---|---|"]
     for setting, levels in tgt["b_wall_speedup_at_matched_psnr"].items():
         for level, e in levels.items():
@@ -457,7 +466,8 @@ def _targets_md(tgt: dict) -> list[str]:
                        f"{v['max']:+.2f}% over {v['n']} repetitions")
             if v.get("per_call_median") is not None:
                 out.append(f"  - per model call (median call time of each run, ratio per repetition): median "
-                           f"{v['per_call_median']:+.2f}%, range {v['per_call_min']:+.2f}% to {v['per_call_max']:+.2f}%")
+                           f"{v['per_call_median']:+.2f}%, range {v['per_call_min']:+.2f}% to "
+                           f"{v['per_call_max']:+.2f}%")
         out += ["", "A whole-run figure within about two standard errors of 0 is below what this machine resolves; "
                 "the per-call figure is the steadier one (it leaves out only the once-per-run setup)."]
     out += ["", "**(e) Memory the cache adds** (measured by the probe; residuals one CFG branch keeps at most, "
@@ -490,7 +500,8 @@ def _overhead_md(o: dict) -> list[str]:
            "of the same repetition. MagCache/TeaCache no-skip: threshold 1e-9, so the cache is installed and "
            "active (stack input copied and residual kept on every call, TeaCache's signal computed) but skips "
            "nothing, checked on every run from the pack's statistics; MagCache no-skip is the published method "
-           "(reuse, no check), MagCache defaults no-skip the node's defaults (damped forecast, hindsight check). Every configuration, the unpatched one "
+           "(reuse, no check), MagCache defaults no-skip the node's defaults (damped forecast, hindsight check). "
+           "Every configuration, the unpatched one "
            "included, carries one outermost DIFFUSION_MODEL wrapper that times each model call (the per-call "
            "ratio compares the median call of each run).", "",
            "| configuration | calls computed / skipped | median seconds | median wall ratio | mean +- s.e. "
@@ -546,6 +557,9 @@ def restore(data: dict) -> dict:
     return data
 
 
+SWEEP_MARKER = "<!-- sweep:start (written by ./dev bench --docs; everything above is kept) -->"
+
+
 def write(data: dict, out_dir: pathlib.Path, docs_dir: pathlib.Path | None) -> dict:
     tgt = targets(data)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -558,10 +572,11 @@ def write(data: dict, out_dir: pathlib.Path, docs_dir: pathlib.Path | None) -> d
     if docs_dir is not None:
         docs_dir.mkdir(parents=True, exist_ok=True)
         path = docs_dir / "benchmark.md"
-        # The quality levels' headline table (./dev bench --levels) stays at the top.
+        # What stands above the sweep's marker stays: the quality levels' headline table (./dev
+        # bench --levels) and the hand-kept sections that quote other commands' figures.
         current = path.read_text() if path.exists() else ""
-        kept = re.search(r"<!-- levels:start -->.*?<!-- levels:end -->\n*", current, flags=re.S)
-        path.write_text((kept.group(0) if kept else "") + markdown(data, tgt, "benchmark.png"))
+        head = current.split(SWEEP_MARKER, 1)[0] if SWEEP_MARKER in current else ""
+        path.write_text(head + SWEEP_MARKER + "\n" + markdown(data, tgt, "benchmark.png"))
     return tgt
 
 
