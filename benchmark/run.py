@@ -60,7 +60,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--classes", type=int, default=None, help="evaluation classes (default 4; quick 2)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per class (default 2; quick 1)")
     parser.add_argument("--batch", type=int, default=1, help="images per run (same class and seed)")
-    parser.add_argument("--reps", type=int, default=None, help="interleaved timing repetitions per pair (default 2; quick 1)")
+    parser.add_argument("--reps", type=int, default=None,
+                        help="interleaved timing repetitions per pair (default 2; quick 1)")
     parser.add_argument("--cfg", type=float, default=4.0)
     parser.add_argument("--samplers", nargs="*", choices=["euler", "dpmpp_2m"], default=None,
                         help="only these sampler settings (default both)")
@@ -82,7 +83,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the pack's constants (default both)")
     parser.add_argument("--teacache-thresholds", type=float, nargs="*", default=None)
     parser.add_argument("--magcache-thresholds", type=float, nargs="*", default=None)
-    parser.add_argument("--magcache-retention", type=float, default=None, help="ApplyMagCache retention_ratio (default 0.2)")
+    parser.add_argument("--magcache-retention", type=float, default=None,
+                        help="ApplyMagCache retention_ratio (default 0.2)")
     parser.add_argument("--planned-thresholds", type=float, nargs="*", default=None,
                         help="error budgets of ApplyMagCache's planned rule (variants with ',planned')")
     parser.add_argument("--magcache-ks", type=int, nargs="*", default=None)
@@ -120,7 +122,8 @@ def machine() -> str:
     import torch
 
     return (f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, torch {torch.__version__} with {torch.get_num_threads()} thread(s), no GPU used")
+            f"Python {platform.python_version()}, torch {torch.__version__} with {torch.get_num_threads()} "
+            "thread(s), no GPU used")
 
 
 def main(argv: list[str]) -> int:

@@ -16,8 +16,9 @@ gaps of several steps (``planning.SkipError``): the planned rule's error model i
 Only the first evaluation of each step is measured (multi-call samplers evaluate between steps).
 A ``Calibration`` also names the model it was measured on and the schedule it was measured with,
 and round-trips through JSON, refusing anything malformed with a message that says what is wrong.
-What a method needs of its calibration, and what it fits from the measurements, is the method's
-own (``methods.CALIBRATED_METHODS``).
+This module is data: it knows no method. What a method needs of its calibration, and what it fits
+from the measurements, is the method's own (``methods.CALIBRATED_METHODS``: ``fitted``,
+``check_calibration``, called where a calibration is made and used).
 """
 
 from __future__ import annotations
@@ -31,10 +32,18 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .methods import CALIBRATED_METHODS, CalibrationError
 from .planning import MEASURED_BACK, MEASURED_FORWARD, ErrorModel, SkipError
 from .ratios import MagRatios
 from .schedule import RunSchedule
+from .stats import branch_name
+
+
+class CalibrationError(ValueError):
+    """A calibration that cannot be used, with the reason in words."""
+
+
+# The methods a calibration can be of, by their name in the file, as reports name them.
+METHOD_NAMES = {"magcache": "MagCache", "teacache": "TeaCache"}
 
 # Version 2 added the skip errors (and the guidance scale they were measured at); version 1
 # calibrations still load, without them.
@@ -188,7 +197,7 @@ class ScheduleInfo:
 
 @dataclass(frozen=True)
 class Calibration:
-    method: str  # a key of methods.CALIBRATED_METHODS: "magcache" | "teacache"
+    method: str  # a key of METHOD_NAMES (and of methods.CALIBRATED_METHODS)
     model: ModelIdentity
     schedule: ScheduleInfo
     measures: tuple[StepMeasure, ...]
@@ -229,20 +238,19 @@ class Calibration:
 
     def summary(self) -> str:
         lines = [
-            f"{CALIBRATED_METHODS[self.method].display_name} calibration of a {self.model.family} model "
+            f"{METHOD_NAMES[self.method]} calibration of a {self.model.family} model "
             f"({self.model.variant}, {self.model.model_class}, width {self.model.hidden_size}, "
             f"weights {self.model.fingerprint[:12]})",
             f"measured {self.created} over {self.runs} run(s): {self.schedule.steps} steps, {self.schedule.sampler} / "
             f"{self.schedule.scheduler}, denoise {self.schedule.denoise:g}",
         ]
-        names = {0: "cond", 1: "uncond"}
         for branch in self.branches:
             ratios = self.per_step(branch, "magnitude_ratio", 1.0)
             spread = self.per_step(branch, "ratio_spread", 0.0)
             cosine = self.per_step(branch, "cosine_distance", 0.0)
-            lines.append(f"{names.get(branch, branch)} ratios: " + ", ".join(f"{r:.5f}" for r in ratios))
-            lines.append(f"{names.get(branch, branch)} spread (std over tokens): " + ", ".join(f"{s:.4f}" for s in spread))
-            lines.append(f"{names.get(branch, branch)} cosine distance: " + ", ".join(f"{c:.4f}" for c in cosine))
+            lines.append(f"{branch_name(branch)} ratios: " + ", ".join(f"{r:.5f}" for r in ratios))
+            lines.append(f"{branch_name(branch)} spread (std over tokens): " + ", ".join(f"{s:.4f}" for s in spread))
+            lines.append(f"{branch_name(branch)} cosine distance: " + ", ".join(f"{c:.4f}" for c in cosine))
         for order, name in ((0, "reuse"), (1, "first-order forecast")):
             model = self.error_model(order)
             if model is not None:
@@ -257,7 +265,7 @@ class Calibration:
     # -- checks ----------------------------------------------------------------------------
 
     def validate(self) -> None:
-        if self.method not in CALIBRATED_METHODS:
+        if self.method not in METHOD_NAMES:
             raise CalibrationError(f"unknown calibration method {self.method!r}")
         steps = self.schedule.steps
         if steps < 2 or len(self.schedule.progress) != steps:
@@ -280,11 +288,11 @@ class Calibration:
         for error in self.skip_errors:
             if not (math.isfinite(error.error) and error.error >= 0.0):
                 raise CalibrationError(f"step {error.step} has a non-finite skip error")
-            if error.order not in (0, 1) or not (error.forward > 0 and error.forward + error.back <= error.step < steps):
+            in_schedule = error.forward > 0 and error.forward + error.back <= error.step < steps
+            if error.order not in (0, 1) or not in_schedule:
                 raise CalibrationError(f"a skip error of step {error.step} names steps outside the schedule")
         if self.cfg is not None and not math.isfinite(self.cfg):
             raise CalibrationError("the guidance scale is not finite")
-        CALIBRATED_METHODS[self.method].check_calibration(self)
 
     # -- JSON ------------------------------------------------------------------------------
 

@@ -88,9 +88,6 @@ class ResidualHistory:
         self.commit(slot, time)
         return slot
 
-    def nbytes(self) -> int:
-        return sum(s.numel() * s.element_size() for s in self.slots)
-
     def clear(self) -> None:
         self.slots.clear()
         self._order.clear()

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
+from .calibration import CalibrationError, fit_teacache_polynomial, teacache_fit_points
 from .estimators import EstimatorSpec
 from .planning import ErrorModel, PlannedPolicy, model_order
 from .policies import CachePolicy, MagCachePolicy, MeasuredErrorPolicy, NeverSkipPolicy, TeaCachePolicy
@@ -41,10 +42,6 @@ class PublishedConstants(Protocol):
 
     def describe_published(self, method: str) -> str | None:
         """E.g. "published FLUX.1-dev ratios (Zehong-Ma/MagCache)"; None when there are none."""
-
-
-class CalibrationError(ValueError):
-    """A calibration that cannot be used, with the reason in words."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,11 +64,6 @@ class MethodConfig(ABC):
     @abstractmethod
     def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
         """This run's policy (and estimator)."""
-
-    @property
-    def can_skip(self) -> bool:
-        """False when no run with these settings can skip (threshold 0)."""
-        return True
 
     def with_calibration(self, calibration: Any, source: str | None = None) -> MethodConfig:
         """These settings using a calibration of this model (``calibration.Calibration``), described
@@ -113,10 +105,6 @@ class TeaCacheConfig(MethodConfig):
     display_name: ClassVar[str] = "TeaCache"
     calibrate_node: ClassVar[str | None] = "TeaCacheCalibrate"
 
-    @property
-    def can_skip(self) -> bool:
-        return self.threshold > 0.0
-
     def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
         published = constants.teacache
         coefficients = self.coefficients or (published.values if published else None)
@@ -128,6 +116,7 @@ class TeaCacheConfig(MethodConfig):
                               self.max_consecutive_skips, estimator=self.estimator.build())
 
     def with_calibration(self, calibration: Any, source: str | None = None) -> TeaCacheConfig:
+        self.check_calibration(calibration)
         return replace(self, coefficients=calibration.coefficients, constants_source=source)
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
@@ -135,8 +124,6 @@ class TeaCacheConfig(MethodConfig):
 
     @classmethod
     def fitted(cls, measures: Sequence[Any]) -> dict:
-        from .calibration import fit_teacache_polynomial, teacache_fit_points
-
         points = teacache_fit_points(measures)
         return {"coefficients": fit_teacache_polynomial(points), "fit_points": points}
 
@@ -174,10 +161,6 @@ class MagCacheConfig(MethodConfig):
     display_name: ClassVar[str] = "MagCache"
     calibrate_node: ClassVar[str | None] = "MagCacheCalibrate"
 
-    @property
-    def can_skip(self) -> bool:
-        return self.threshold > 0.0
-
     def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
         ratios = self.ratios or constants.magcache
         if self.skip_rule == "measured":
@@ -201,6 +184,7 @@ class MagCacheConfig(MethodConfig):
                               estimator=self.estimator.build())
 
     def with_calibration(self, calibration: Any, source: str | None = None) -> MagCacheConfig:
+        self.check_calibration(calibration)
         models = (calibration.error_model(0), calibration.error_model(1))
         return replace(self, ratios=calibration.mag_ratios(), constants_source=source,
                        error_models=models if any(models) else None)
@@ -223,10 +207,6 @@ class MeasuredErrorConfig(MethodConfig):
     level: str | None = None  # the quality level these settings are, for the statistics
 
     display_name: ClassVar[str] = "measured error"
-
-    @property
-    def can_skip(self) -> bool:
-        return self.tolerance > 0.0
 
     def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
         return MeasuredErrorPolicy(schedule, self.tolerance, self.max_consecutive_skips, self.retention_ratio,

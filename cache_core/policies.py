@@ -48,8 +48,8 @@ class EntryState:
     # The last computed steps (as many as the estimator keeps residuals), oldest first.
     computed_steps: list[int] = field(default_factory=list)
 
-    def reset(self) -> None:
-        """A computed step: what the policy accumulated since the last one starts over."""
+    def clear_accumulated(self) -> None:
+        """Called at each computed step: what the policy accumulated since the last one starts over."""
 
     def trace(self) -> dict:
         return {}
@@ -101,12 +101,12 @@ class CachePolicy(ABC):
             return
         entry.consecutive_skips = 0
         entry.steps_computed += 1
-        entry.reset()
+        entry.clear_accumulated()
         computed = entry.computed_steps
         if computed and computed[-1] == step:
             return
         computed.append(step)
-        if len(computed) > self.estimator.history:
+        if len(computed) > self.estimator.residuals_kept:
             del computed[0]
         self.computed(entry, step)
 
@@ -139,7 +139,7 @@ class TeaCacheState(EntryState):
     path: float = 0.0
     path_at_computed: list[float] = field(default_factory=list)
 
-    def reset(self) -> None:
+    def clear_accumulated(self) -> None:
         self.accumulated = 0.0
 
     def trace(self) -> dict:
@@ -212,7 +212,7 @@ class TeaCachePolicy(CachePolicy):
 
     def computed(self, entry: TeaCacheState, step: int) -> None:
         entry.path_at_computed.append(entry.path)
-        if len(entry.path_at_computed) > self.estimator.history:
+        if len(entry.path_at_computed) > self.estimator.residuals_kept:
             del entry.path_at_computed[0]
 
 
@@ -223,7 +223,7 @@ class MagCacheState(EntryState):
     angle: float = 0.0
     error: float = 0.0
 
-    def reset(self) -> None:
+    def clear_accumulated(self) -> None:
         self.ratio = 1.0
         self.angle = 0.0
         self.error = 0.0

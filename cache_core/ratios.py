@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 from .schedule import RunSchedule
 
-COND, UNCOND = 0, 1
-
 
 @dataclass(frozen=True)
 class RatioCurve:

@@ -42,7 +42,7 @@ from .checks import Check, HindsightCheck
 from .history import ResidualHistory
 from .policies import CachePolicy, EntryState
 from .schedule import RunSchedule
-from .stats import BRANCH_NAMES, BranchStats, RunStats
+from .stats import BranchStats, RunStats, branch_name
 
 # The head block's residual is compared on at most this many values per row (a strided sample),
 # so checking costs little memory on large models.
@@ -99,7 +99,18 @@ class StackCall:
         return self.stack_input.shape[0] // len(self.entries) if self.stack_input is not None else 0
 
 
-PASSTHROUGH = StackCall(skip=False)
+class _SealedCall(StackCall):
+    """A StackCall that refuses changes once sealed: the one ``PASSTHROUGH`` every run shares."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if getattr(self, "sealed", False):
+            raise AttributeError(f"PASSTHROUGH is shared by every run and never changes (set {name})")
+        object.__setattr__(self, name, value)
+
+
+# The call that decides nothing (outside a run, or the cache disabled): the blocks just run.
+PASSTHROUGH = _SealedCall(skip=False)
+PASSTHROUGH.sealed = True
 
 
 class RunObserver(Protocol):
@@ -221,7 +232,7 @@ class RunCache:
     def _entry(self, key: Hashable, branch: int) -> Entry:
         entry = self._entries.get(key)
         if entry is None:
-            capacity = self.estimator.history
+            capacity = self.estimator.residuals_kept
             entry = self._entries[key] = Entry(
                 key, branch, self.policy.new_state(branch), ResidualHistory(capacity, self.cache_device),
                 ResidualHistory(capacity) if self.runs_head_first else None)
@@ -446,7 +457,7 @@ class RunCache:
         for entry, part in zip(entries, parts, strict=True):
             kept = entry.history
             if not kept.fits(residual[:rows]) or time <= kept.times[-1] + history_ops.SAME_TIME or (
-                    self.policy.measures_error and kept.count < self.estimator.history):
+                    self.policy.measures_error and kept.count < self.estimator.residuals_kept):
                 # (a rule that decides from the measurement waits for one of the estimate it skips with)
                 errors.append(None)
                 continue
@@ -487,7 +498,7 @@ class RunCache:
             by_branch.setdefault(entry.branch, []).append(entry.state)
         branches = tuple(
             BranchStats(
-                branch=BRANCH_NAMES.get(branch, f"branch {branch}"),
+                branch=branch_name(branch),
                 entries=len(states),
                 steps_computed=sum(s.steps_computed for s in states),
                 steps_skipped=sum(s.steps_skipped for s in states),

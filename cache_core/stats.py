@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 BRANCH_NAMES = {0: "cond", 1: "uncond"}
 
 
+def branch_name(branch: int) -> str:
+    """What reports call a CFG branch (ComfyUI's cond_or_uncond index)."""
+    return BRANCH_NAMES.get(branch, f"branch {branch}")
+
+
 @dataclass(frozen=True)
 class BranchStats:
     """Steps of one CFG branch (summed over its conditioning entries, e.g. several area conds)."""
@@ -70,7 +75,8 @@ class RunStats:
         if self.disabled_reason:
             return f"{method}: skipping off for this run ({self.disabled_reason}); {self.steps} steps computed"
         parts = [
-            f"{b.branch}: skipped {b.steps_skipped}/{b.steps} steps" + (f" ({b.entries} entries)" if b.entries > 1 else "")
+            f"{b.branch}: skipped {b.steps_skipped}/{b.steps} steps"
+            + (f" ({b.entries} entries)" if b.entries > 1 else "")
             for b in self.branches
         ]
         calls = self.calls_computed + self.calls_skipped

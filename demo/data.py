@@ -2,8 +2,9 @@
 
 Images (32x32 RGB in [0, 1]): ten classes of shapes, stroke glyphs and textures. Within a class
 the position, size, stroke width, period/phase and both colours are random; the class fixes
-the geometry and a colour scheme (background and foreground colour, randomly shaded). Videos (8 frames of 32x32): eight classes of one shape moving or changing in a
-fixed way (direction, growth, rotation), with random start, speed, size and colours.
+the geometry and a colour scheme (background and foreground colour, randomly shaded). Videos (8
+frames of 32x32): eight classes of one shape moving or changing in a fixed way (direction, growth,
+rotation), with random start, speed, size and colours.
 
 Everything is drawn with anti-aliased signed distances, so edges are smooth and the data has no
 pixel-grid aliasing the tiny models would waste capacity on. A ``numpy.random.Generator`` is

@@ -217,7 +217,8 @@ def _train(kind: str, cfg: TrainConfig, minutes: float, out: pathlib.Path, log_e
     net.eval()
     final_train = float(np.mean(running[-100:]))
     held_out = eval_loss(base, kind)
-    models.save_weights(kind, models.checkpoint_state_dict(kind, patcher, ema.state_dict()), out, getattr(torch, cfg.save_dtype), {
+    weights = models.checkpoint_state_dict(kind, patcher, ema.state_dict())
+    models.save_weights(kind, weights, out, getattr(torch, cfg.save_dtype), {
         "train_steps": str(step), "train_config": repr(cfg), "eval_loss": f"{held_out:.5f}",
     })
     print(f"[demo.train] done: {step} steps in {wall:.0f}s; train loss (last 100 steps) {final_train:.4f}; "

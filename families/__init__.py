@@ -44,7 +44,8 @@ UNSUPPORTED: dict[str, str] = {
     "SD21UNCLIP": _UNET, "SDXLRefiner": _UNET, "SDXL": _UNET, "SVD_img2vid": _UNET, "SV3D_u": _UNET,
     "SV3D_p": _UNET, "Stable_Zero123": _UNET, "SD_X4Upscaler": _UNET, "Lotus": _UNET,
     "SD15_instructpix2pix": _UNET, "SDXL_instructpix2pix": _UNET,
-    "StableCascade_C": "Stable Cascade stage C, a UNet-style prior", "StableCascade_B": "Stable Cascade stage B, a UNet",
+    "StableCascade_C": "Stable Cascade stage C, a UNet-style prior",
+    "StableCascade_B": "Stable Cascade stage B, a UNet",
     "StableAudio1": _AUDIO, "StableAudio3": _AUDIO, "ACEStep": _AUDIO, "ACEStep15": _AUDIO,
     "Hunyuan3Dv2": _3D, "Hunyuan3Dv2_1": _3D, "TripoSplat": _3D, "MiniMaxH3": (
         "an audio-video model: its latent is a nested (video, audio) pair sampled on two shifted schedules"),

@@ -124,7 +124,8 @@ class Family:
     # by method: old name -> the variant whose published constants the old option used.
     legacy_variants: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     generic: Variant = field(init=False, repr=False, compare=False)
-    # The diffusion model's ModuleList behind each kind of block key (for compiling block by block).
+    # The diffusion model's ModuleList behind each kind of block key, in execution order: the block
+    # stack (``block_keys``) and the modules Compile Blocks compiles.
     block_lists: ClassVar[Mapping[str, str]] = {"double_block": "double_blocks", "single_block": "single_blocks"}
     _variants_by_name: dict[str, Variant] = field(init=False, repr=False, compare=False)
 
@@ -156,7 +157,8 @@ class Family:
 
     def has_architecture(self, model: torch.nn.Module, variant: Variant) -> bool:
         architecture = variant.architecture
-        return architecture is not None and architecture.matches(type(model).__name__, self.shape(model.diffusion_model))
+        return architecture is not None and architecture.matches(type(model).__name__,
+                                                                  self.shape(model.diffusion_model))
 
     def possible_variants(self, model: torch.nn.Module) -> tuple[Variant, ...]:
         """The variants ``model`` may be detected as in some run (its class and shape fit them)."""
@@ -170,15 +172,19 @@ class Family:
         """The variant a loaded model would be (``model`` is ComfyUI's BaseModel); ``run`` adds
         what the sampling run shows, e.g. a reference latent tells FLUX Kontext from dev.
         ``resolve_variant`` then checks the model's class and shape against it."""
-        return self.class_variants.get(type(model).__name__, self.variants[0].name if self.variants else self.generic.name)
+        default = self.variants[0].name if self.variants else self.generic.name
+        return self.class_variants.get(type(model).__name__, default)
 
     def shape(self, diffusion_model: torch.nn.Module) -> dict[str, object]:
         """Widths, depths and inputs of a model, to compare with published architectures."""
         return {}
 
     def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
-        """The ``patches_replace["dit"]`` keys of the block stack, in execution order."""
-        return []
+        """The ``patches_replace["dit"]`` keys of the block stack, in execution order: every block
+        of each of ``block_lists`` (in its order) that the model has. A family that leaves blocks
+        out (Chroma's pruned ones) overrides this."""
+        return [(kind, index) for kind, attribute in self.block_lists.items()
+                for index in range(len(getattr(diffusion_model, attribute, ())))]
 
     def block_module_keys(self, diffusion_model: torch.nn.Module) -> list[str]:
         """Each hooked block as a key of the model object (``ModelPatcher.get_model_object``), in
@@ -188,6 +194,23 @@ class Family:
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
         """The TeaCache input signal for the call whose head block receives ``args``."""
         raise NotImplementedError
+
+    def image_part(self, kind: str, stream: torch.Tensor, image_tokens: int) -> torch.Tensor:
+        """The image tokens of a block's ``img`` stream: all of it, except in single-stream blocks,
+        whose stream also carries the text (before the image for ``txt_img``, after for ``img_txt``)."""
+        if kind != "single_block" or self.single_stream is None:
+            return stream
+        return stream[:, -image_tokens:] if self.single_stream == "txt_img" else stream[:, :image_tokens]
+
+    def with_image(self, kind: str, stream: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """A block's ``img`` stream with its image tokens replaced by ``image`` (what a skipped call
+        returns from the stack's last block); the inverse of ``image_part``."""
+        if kind != "single_block" or self.single_stream is None:
+            return image
+        tokens = image.shape[1]
+        if self.single_stream == "txt_img":
+            return torch.cat((stream[:, :-tokens], image), dim=1)
+        return torch.cat((image, stream[:, tokens:]), dim=1)
 
     @property
     def caches_in_output_space(self) -> bool:

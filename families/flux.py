@@ -18,7 +18,7 @@ from comfy.ldm.flux.layers import apply_mod
 
 from . import published_magcache as magcache
 from . import published_teacache as teacache
-from .base import Architecture, BlockKey, Family, RunContext, Variant, image_tokens, in_features, modulate
+from .base import Architecture, Family, RunContext, Variant, image_tokens, in_features, modulate
 
 
 class FluxFamily(Family):
@@ -41,11 +41,6 @@ class FluxFamily(Family):
             "vector_in": in_features(getattr(diffusion_model, "vector_in", None)),
             "guidance_in": in_features(getattr(diffusion_model, "guidance_in", None)) is not None,
         }
-
-    def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
-        return [("double_block", i) for i in range(len(diffusion_model.double_blocks))] + [
-            ("single_block", i) for i in range(len(diffusion_model.single_blocks))
-        ]
 
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
         return double_block_modulated_input(diffusion_model.double_blocks[0], args)

@@ -15,7 +15,7 @@ import torch
 
 from . import published_magcache as magcache
 from . import published_teacache as teacache
-from .base import Architecture, BlockKey, Family, RunContext, Variant
+from .base import Architecture, Family, RunContext, Variant
 from .flux import double_block_modulated_input
 
 # Latent height (VAE stride 8) halfway between 544p (68) and 720p (90).
@@ -40,11 +40,6 @@ class HunyuanVideoFamily(Family):
             "single_blocks": len(diffusion_model.single_blocks),
             "in_channels": diffusion_model.in_channels,
         }
-
-    def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
-        return [("double_block", i) for i in range(len(diffusion_model.double_blocks))] + [
-            ("single_block", i) for i in range(len(diffusion_model.single_blocks))
-        ]
 
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
         return double_block_modulated_input(diffusion_model.double_blocks[0], args)

@@ -8,14 +8,16 @@ published for JoyImage.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
-from .base import BlockKey, Family, Variant, modulate
+from .base import Family, Variant, modulate
 
 
 class JoyImageFamily(Family):
-    def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
-        return [("double_block", i) for i in range(len(diffusion_model.double_blocks))]
+    block_lists: ClassVar[Mapping[str, str]] = {"double_block": "double_blocks"}
 
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
         block = diffusion_model.double_blocks[0]

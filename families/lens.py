@@ -12,15 +12,12 @@ from typing import ClassVar
 
 import torch
 
-from .base import BlockKey, Family, Variant
+from .base import Family, Variant
 from .qwen_image import mmdit_modulated_input
 
 
 class LensFamily(Family):
     block_lists: ClassVar[Mapping[str, str]] = {"double_block": "transformer_blocks"}
-
-    def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
-        return [("double_block", i) for i in range(len(diffusion_model.transformer_blocks))]
 
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
         return mmdit_modulated_input(diffusion_model.transformer_blocks[0], args)

@@ -17,7 +17,7 @@ import torch
 from comfy.ldm.common_dit import rms_norm
 
 from . import published_teacache as teacache
-from .base import Architecture, BlockKey, Family, Variant, in_features, modulate
+from .base import Architecture, Family, Variant, in_features, modulate
 
 
 class LTXVFamily(Family):
@@ -26,9 +26,6 @@ class LTXVFamily(Family):
                 "in_channels": in_features(diffusion_model.patchify_proj)}
 
     block_lists: ClassVar[Mapping[str, str]] = {"double_block": "transformer_blocks"}
-
-    def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
-        return [("double_block", i) for i in range(len(diffusion_model.transformer_blocks))]
 
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
         block = diffusion_model.transformer_blocks[0]
@@ -41,7 +38,8 @@ class LTXVFamily(Family):
 LTXV = LTXVFamily(
     name="ltxv",
     model_classes=("LTXV",),
-    variants=(Variant("ltx-video", "LTX-Video 0.9.1", Architecture("LTXV", {"width": 2048, "blocks": 28, "in_channels": 128}),
+    variants=(Variant("ltx-video", "LTX-Video 0.9.1",
+                      Architecture("LTXV", {"width": 2048, "blocks": 28, "in_channels": 128}),
                       teacache=teacache.LTXV),),
     architecture_name="ltx-video-architecture model",
 )

@@ -13,12 +13,17 @@ measured in this same space. No constants are published for any of them in this 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
 from .base import Family, Variant
 
 
 class OutputSpaceFamily(Family):
+    block_lists: ClassVar[Mapping[str, str]] = {}  # no block hooks: the whole model is the stack
+
     @property
     def caches_in_output_space(self) -> bool:
         return True
@@ -47,6 +52,8 @@ KANDINSKY5 = OutputSpaceFamily(
     class_variants={"Kandinsky5": "kandinsky5", "Kandinsky5Image": "kandinsky5-image"},
 )
 KREA2 = OutputSpaceFamily(name="krea2", model_classes=("Krea2",), variants=(Variant("krea2", "Krea 2"),))
-PIXELDIT = OutputSpaceFamily(name="pixeldit", model_classes=("PixelDiTT2I",), variants=(Variant("pixeldit", "PixelDiT"),))
-COGVIDEOX = OutputSpaceFamily(name="cogvideox", model_classes=("CogVideoX",), variants=(Variant("cogvideox", "CogVideoX"),))
+PIXELDIT = OutputSpaceFamily(name="pixeldit", model_classes=("PixelDiTT2I",),
+                             variants=(Variant("pixeldit", "PixelDiT"),))
+COGVIDEOX = OutputSpaceFamily(name="cogvideox", model_classes=("CogVideoX",),
+                              variants=(Variant("cogvideox", "CogVideoX"),))
 AURAFLOW = OutputSpaceFamily(name="auraflow", model_classes=("AuraFlow",), variants=(Variant("auraflow", "AuraFlow"),))

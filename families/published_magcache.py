@@ -83,7 +83,8 @@ QWEN_IMAGE_EDIT = MagRatios.from_table(
     ],
     calibrated_steps=50,
     interleaved=True,
-    source="Zehong-Ma/MagCache@df81cb18 MagCache4QwenImageEdit/magcache_generate.py:L271 (+[1.0]*2 as the script prepends)",
+    source=("Zehong-Ma/MagCache@df81cb18 MagCache4QwenImageEdit/magcache_generate.py:L271 "
+            "(+[1.0]*2 as the script prepends)"),
 )
 
 # Zehong-Ma/MagCache@df81cb18 MagCache4HunyuanVideo/magcache_sample_video.py:L316

@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from . import published_magcache as magcache
-from .base import Architecture, BlockKey, Family, RunContext, Variant, image_tokens, in_features, modulate
+from .base import Architecture, Family, RunContext, Variant, image_tokens, in_features, modulate
 
 
 class QwenImageFamily(Family):
@@ -35,9 +35,6 @@ class QwenImageFamily(Family):
                 "in_channels": in_features(diffusion_model.img_in)}
 
     block_lists: ClassVar[Mapping[str, str]] = {"double_block": "transformer_blocks"}
-
-    def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
-        return [("double_block", i) for i in range(len(diffusion_model.transformer_blocks))]
 
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
         return mmdit_modulated_input(diffusion_model.transformer_blocks[0], args)

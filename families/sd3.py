@@ -12,14 +12,11 @@ from typing import ClassVar
 
 import torch
 
-from .base import BlockKey, Family, Variant, modulate
+from .base import Family, Variant, modulate
 
 
 class SD3Family(Family):
     block_lists: ClassVar[Mapping[str, str]] = {"double_block": "joint_blocks"}
-
-    def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
-        return [("double_block", i) for i in range(len(diffusion_model.joint_blocks))]
 
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
         x_block = diffusion_model.joint_blocks[0].x_block

@@ -22,7 +22,7 @@ import torch
 
 from . import published_magcache as magcache
 from . import published_teacache as teacache
-from .base import Architecture, BlockKey, Family, RunContext, Variant
+from .base import Architecture, Family, RunContext, Variant
 
 # Latent area (H x W, VAE stride 8) halfway between 480p (60 x 104) and 720p (90 x 160).
 I2V_720P_MIN_LATENT_AREA = (60 * 104 + 90 * 160) // 2
@@ -58,15 +58,13 @@ class WanFamily(Family):
 
     block_lists: ClassVar[Mapping[str, str]] = {"double_block": "blocks"}
 
-    def block_keys(self, diffusion_model: torch.nn.Module) -> list[BlockKey]:
-        return [("double_block", i) for i in range(len(diffusion_model.blocks))]
-
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:
         # The published Wan coefficients ("ret" mode) were fitted on e0 itself.
         return args["vec"]
 
 
-def wan_shape(model_class: str, width: int, blocks: int, in_channels: int, image_embedding: bool = False) -> Architecture:
+def wan_shape(model_class: str, width: int, blocks: int, in_channels: int,
+              image_embedding: bool = False) -> Architecture:
     return Architecture(model_class, {"width": width, "blocks": blocks, "in_channels": in_channels,
                                       "image_embedding": image_embedding, "first_last_frame": False})
 

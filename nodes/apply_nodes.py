@@ -59,6 +59,9 @@ QUALITY_TOOLTIP = (
 )
 
 
+MODEL_TOOLTIP = "The diffusion model to cache (place after LoRAs, before the sampler)."
+
+
 def quality_input() -> Choice:
     """The one knob, last among the inputs so that workflows saved before it keep their values."""
     return Choice("quality", options=QUALITY_OPTIONS, default=DEFAULT_LEVEL, optional=True, tooltip=QUALITY_TOOLTIP)
@@ -195,6 +198,21 @@ def calibration_for(config: MethodConfig, node: str, model: object, family: fami
     return saved, f"this model's saved calibration of {saved.created}"
 
 
+def with_constants(config: MethodConfig, node: str, model: object, family: families.Family, connected: object | None,
+                   variant: str, table: type, field: str, makers: str) -> tuple[MethodConfig, Calibration | None]:
+    """``config`` with the constants this node gives it, in order: a connected calibration of this
+    model, else (at ``variant: auto``) a saved one, else a connected table (``field``, of type
+    ``table``: made by ``makers``); without any, the run takes the published constants."""
+    calibration, source = calibration_for(config, node, model, family, connected, variant)
+    if calibration is not None:
+        return config.with_calibration(calibration, source), calibration
+    if connected is not None:
+        if not isinstance(connected, table):
+            raise ValueError(f"{node}: {field} must come from {makers}, got {type(connected).__name__}")
+        return dataclasses.replace(config, **{field: connected}), None
+    return config, None
+
+
 def window_problem(start_percent: float, end_percent: float) -> str | None:
     if not start_percent < end_percent:
         return f"start_percent ({start_percent}) must be below end_percent ({end_percent})"
@@ -226,7 +244,7 @@ class ApplyTeaCache(io.ComfyNode):
                 "changes little) with the inputs as set."
             ),
             inputs=[
-                io.Model.Input("model", tooltip="The diffusion model to cache (place after LoRAs, before the sampler)."),
+                io.Model.Input("model", tooltip=MODEL_TOOLTIP),
                 io.Float.Input(
                     "threshold", default=0.4, **finite_range(0.0, 10.0), step=0.01, **ADVANCED,
                     tooltip="quality custom: accumulated (rescaled) input change below which a step is skipped. "
@@ -284,14 +302,8 @@ class ApplyTeaCache(io.ComfyNode):
             end_percent=end_percent,
             **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, check, check_tolerance),
         )
-        calibration, source = calibration_for(config, "ApplyTeaCache", model, family, coefficients, variant)
-        if calibration is not None:
-            config = config.with_calibration(calibration, source)
-        elif coefficients is not None:
-            if not isinstance(coefficients, tuple):
-                raise ValueError("ApplyTeaCache: coefficients must come from TeaCacheCalibrate or "
-                                 f"TeaCacheCoefficientsFromText, got {type(coefficients).__name__}")
-            config = dataclasses.replace(config, coefficients=coefficients)
+        config, _ = with_constants(config, "ApplyTeaCache", model, family, coefficients, variant, tuple,
+                                   "coefficients", "TeaCacheCalibrate or TeaCacheCoefficientsFromText")
         settings = CacheSettings(method=config, family=family.name, variant=variant, cache_device=cache_device,
                                  node_id=cls.hidden.unique_id)
         return io.NodeOutput(install(model, settings, family))
@@ -310,7 +322,7 @@ class ApplyMagCache(io.ComfyNode):
                 "ratios) with the inputs as set."
             ),
             inputs=[
-                io.Model.Input("model", tooltip="The diffusion model to cache (place after LoRAs, before the sampler)."),
+                io.Model.Input("model", tooltip=MODEL_TOOLTIP),
                 io.Float.Input("threshold", default=0.06, **finite_range(0.0, 2.0), step=0.001, **ADVANCED,
                                tooltip="quality custom: accumulated magnitude error allowed while skipping. 0 never "
                                "skips; higher is faster and less faithful."),
@@ -363,14 +375,8 @@ class ApplyMagCache(io.ComfyNode):
             skip_rule=skip_rule,
             **shared_settings(estimator, forecast_order, forecast_damping, cfg_branches, check, check_tolerance),
         )
-        calibration, source = calibration_for(config, "ApplyMagCache", model, family, ratios, variant)
-        if calibration is not None:
-            config = config.with_calibration(calibration, source)
-        elif ratios is not None:
-            if not isinstance(ratios, MagRatios):
-                raise ValueError("ApplyMagCache: ratios must come from MagCacheCalibrate or MagCacheRatiosFromText, "
-                                 f"got {type(ratios).__name__}")
-            config = dataclasses.replace(config, ratios=ratios)
+        config, calibration = with_constants(config, "ApplyMagCache", model, family, ratios, variant, MagRatios,
+                                             "ratios", "MagCacheCalibrate or MagCacheRatiosFromText")
         if skip_rule == "planned":
             check_planned(config, calibration)
         candidates = family.possible_variants(model.model) if variant == "auto" else (family.variant(variant),)

@@ -27,6 +27,7 @@ from ..cache_core.calibration import (
     fit_teacache_polynomial,
 )
 from ..cache_core.ratios import MagRatios
+from ..cache_core.stats import branch_name
 from . import calibration_store
 from .runtime import CacheSettings, install
 from .types import CATEGORY, MagRatiosType, TeaCacheCoefficientsType
@@ -53,7 +54,8 @@ def sampling_inputs() -> list:
         io.Conditioning.Input("negative", tooltip="Negative conditioning, as in KSampler."),
         io.Latent.Input("latent_image", tooltip="A batch of several latents gives averaged, steadier measurements."),
         io.Float.Input("denoise", default=1.0, **finite_range(0.0, 1.0), step=0.01,
-                       tooltip="As in KSampler; calibrate a full denoise (1.0) unless you only ever sample partial ones."),
+                       tooltip="As in KSampler; calibrate a full denoise (1.0) unless you only ever sample "
+                       "partial ones."),
         io.Boolean.Input("save_calibration", default=True,
                          tooltip="Save under ComfyUI's user directory; the Apply node then finds it for this model."),
     ]
@@ -99,6 +101,7 @@ def measure(node: str, method: type[MethodConfig], model: object, seed: int, ste
         calibration = Calibration(method=method.calibration_method, model=identity, schedule=schedule,
                                   measures=measures, created=created, skip_errors=tuple(recorder.skip_errors),
                                   cfg=cfg, **method.fitted(measures))
+        method.check_calibration(calibration)
     except CalibrationError as error:
         raise ValueError(f"{node}: the measurement cannot be used: {error}") from error
     return latent, calibration
@@ -116,8 +119,7 @@ def finish(node: str, calibration: Calibration, save_calibration: bool) -> tuple
         path = calibration_store.save(calibration)
         text += f"\nsaved to {path}"
         LOGGER.info("[StepCache] %s: saved %s", node, path)
-    names = {0: "cond", 1: "uncond"}
-    series = [{"branch": names.get(b, str(b)), "ratios": calibration.per_step(b, "magnitude_ratio", 1.0)}
+    series = [{"branch": branch_name(b), "ratios": calibration.per_step(b, "magnitude_ratio", 1.0)}
               for b in calibration.branches]
     return text, {"text": [text], "stepcache_ratios": series}
 

@@ -17,6 +17,7 @@ import torch
 
 from .. import families
 from ..cache_core.calibration import Calibration, CalibrationError, ModelIdentity
+from ..cache_core.methods import CALIBRATED_METHODS
 
 LOGGER = logging.getLogger("stepcache")
 _SAMPLED_TENSORS = 16
@@ -90,5 +91,10 @@ def find(method: str, identity: ModelIdentity) -> Calibration | None:
         return None
     if calibration.method != method or calibration.model.mismatch(identity) is not None:
         LOGGER.warning("[StepCache] ignoring the saved calibration %s: it belongs to another model", path)
+        return None
+    try:
+        CALIBRATED_METHODS[method].check_calibration(calibration)
+    except CalibrationError as error:
+        LOGGER.warning("[StepCache] ignoring the saved calibration %s: %s", path, error)
         return None
     return calibration

@@ -86,7 +86,6 @@ class ActiveRun:
         self.diffusion_model = diffusion_model
         self.use_signal = use_signal
         self.call: StackCall = PASSTHROUGH
-        self.single_stream = family.single_stream
 
     def release(self) -> RunStats:
         """End of the run: free every tensor and drop the model, and return the statistics.
@@ -124,19 +123,20 @@ class ActiveRun:
             return self._skipped_output(hook, args, call.cached_output) if hook.is_tail else passthrough(args)
         out = hook.run_original(args, extra)
         if hook.is_tail and call.stack_input is not None:
-            self._finish(call, self._image_part(hook, out["img"], call.stack_input))
+            self._finish(call, self.family.image_part(hook.kind, out["img"], call.stack_input.shape[1]))
         return out
 
     def _run_checked_head(self, hook: BlockHook, args: dict, extra: dict) -> dict:
         """First-block check: the head block runs, then the run cache decides from its output."""
         out = hook.run_original(args, extra)
-        call = self.call = self._after_head(self.call, self._image_part(hook, out["img"], self.call.stack_input))
+        head_output = self.family.image_part(hook.kind, out["img"], self.call.stack_input.shape[1])
+        call = self.call = self._after_head(self.call, head_output)
         if call.skip:
             # The head block's real output goes on; the blocks after it pass it through and the tail
             # replaces the stream with the estimate.
             return self._skipped_output(hook, args, call.cached_output) if hook.is_tail else out
         if hook.is_tail and call.stack_input is not None:
-            self._finish(call, self._image_part(hook, out["img"], call.stack_input))
+            self._finish(call, self.family.image_part(hook.kind, out["img"], call.stack_input.shape[1]))
         return out
 
     def run_model(self, executor: Any, x: torch.Tensor, options: dict, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -201,22 +201,9 @@ class ActiveRun:
                        self.family.name, error, exc_info=True)
         self.cache.disable(f"cache error: {error!r}")
 
-    def _image_part(self, hook: BlockHook, stream: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        if hook.kind != "single_block" or self.single_stream is None:
-            return stream
-        tokens = like.shape[1]
-        return stream[:, -tokens:] if self.single_stream == "txt_img" else stream[:, :tokens]
-
     def _skipped_output(self, hook: BlockHook, args: dict, cached: torch.Tensor) -> dict:
         out = passthrough(args)
-        if hook.kind == "single_block" and self.single_stream is not None:
-            stream, tokens = args["img"], cached.shape[1]
-            if self.single_stream == "txt_img":
-                out["img"] = torch.cat((stream[:, :-tokens], cached), dim=1)
-            else:
-                out["img"] = torch.cat((cached, stream[:, tokens:]), dim=1)
-        else:
-            out["img"] = cached
+        out["img"] = self.family.with_image(hook.kind, args["img"], cached)
         return out
 
 

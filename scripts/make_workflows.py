@@ -73,9 +73,11 @@ PLOT_PANEL = 190
 
 SPECS: dict[str, NodeSpec] = {
     # core loaders and encoders
-    "UNETLoader": NodeSpec("Load Diffusion Model", widgets=("unet_name", "weight_dtype"), outputs=(("MODEL", "MODEL"),)),
+    "UNETLoader": NodeSpec("Load Diffusion Model", widgets=("unet_name", "weight_dtype"),
+                           outputs=(("MODEL", "MODEL"),)),
     "CLIPLoader": NodeSpec("Load Text Encoder", widgets=("clip_name", "type", "device"), outputs=(("CLIP", "CLIP"),)),
-    "DualCLIPLoader": NodeSpec("Load Text Encoders", widgets=("clip_name1", "clip_name2", "type", "device"), outputs=(("CLIP", "CLIP"),)),
+    "DualCLIPLoader": NodeSpec("Load Text Encoders", widgets=("clip_name1", "clip_name2", "type", "device"),
+                               outputs=(("CLIP", "CLIP"),)),
     "VAELoader": NodeSpec("Load VAE", widgets=("vae_name",), outputs=(("VAE", "VAE"),)),
     "CLIPTextEncode": NodeSpec("Prompt", inputs=(("clip", "CLIP"),), widgets=("text",),
                                outputs=(("CONDITIONING", "CONDITIONING"),), width=420),
@@ -84,11 +86,14 @@ SPECS: dict[str, NodeSpec] = {
     "FluxGuidance": NodeSpec("Flux Guidance", inputs=(("conditioning", "CONDITIONING"),), widgets=("guidance",),
                              outputs=(("CONDITIONING", "CONDITIONING"),)),
     # latents and model sampling
-    "EmptySD3LatentImage": NodeSpec("Empty Latent Image", widgets=("width", "height", "batch_size"), outputs=(("LATENT", "LATENT"),)),
-    "EmptyFlux2LatentImage": NodeSpec("Empty Flux 2 Latent", widgets=("width", "height", "batch_size"), outputs=(("LATENT", "LATENT"),)),
+    "EmptySD3LatentImage": NodeSpec("Empty Latent Image", widgets=("width", "height", "batch_size"),
+                                    outputs=(("LATENT", "LATENT"),)),
+    "EmptyFlux2LatentImage": NodeSpec("Empty Flux 2 Latent", widgets=("width", "height", "batch_size"),
+                                      outputs=(("LATENT", "LATENT"),)),
     "EmptyHunyuanLatentVideo": NodeSpec("Empty Latent Video", widgets=("width", "height", "length", "batch_size"),
                                         outputs=(("LATENT", "LATENT"),)),
-    "ModelSamplingSD3": NodeSpec("Model Sampling (shift)", inputs=(("model", "MODEL"),), widgets=("shift",), outputs=(("MODEL", "MODEL"),)),
+    "ModelSamplingSD3": NodeSpec("Model Sampling (shift)", inputs=(("model", "MODEL"),), widgets=("shift",),
+                                 outputs=(("MODEL", "MODEL"),)),
     "ModelSamplingAuraFlow": NodeSpec("Model Sampling (shift)", inputs=(("model", "MODEL"),), widgets=("shift",),
                                       outputs=(("MODEL", "MODEL"),)),
     # samplers
@@ -103,9 +108,11 @@ SPECS: dict[str, NodeSpec] = {
         widgets=("add_noise", "noise_seed", "steps", "cfg", "sampler_name", "scheduler", "start_at_step",
                  "end_at_step", "return_with_leftover_noise"),
         outputs=(("LATENT", "LATENT"),), seeded=("noise_seed",)),
-    "RandomNoise": NodeSpec("Random Noise", widgets=("noise_seed",), outputs=(("NOISE", "NOISE"),), seeded=("noise_seed",)),
+    "RandomNoise": NodeSpec("Random Noise", widgets=("noise_seed",),
+                            outputs=(("NOISE", "NOISE"),), seeded=("noise_seed",)),
     "KSamplerSelect": NodeSpec("Sampler", widgets=("sampler_name",), outputs=(("SAMPLER", "SAMPLER"),)),
-    "Flux2Scheduler": NodeSpec("Flux 2 Scheduler", widgets=("steps", "width", "height"), outputs=(("SIGMAS", "SIGMAS"),)),
+    "Flux2Scheduler": NodeSpec("Flux 2 Scheduler", widgets=("steps", "width", "height"),
+                               outputs=(("SIGMAS", "SIGMAS"),)),
     "BasicGuider": NodeSpec("Basic Guider", inputs=(("model", "MODEL"), ("conditioning", "CONDITIONING")),
                             outputs=(("GUIDER", "GUIDER"),)),
     "SamplerCustomAdvanced": NodeSpec("Sampler Custom (Advanced)",
@@ -141,8 +148,10 @@ SPECS: dict[str, NodeSpec] = {
     "StepCacheDemoModel": NodeSpec("StepCache Demo Model", widgets=("kind",), outputs=(("MODEL", "MODEL"),)),
     "StepCacheDemoPrompt": NodeSpec("StepCache Demo Prompt", widgets=("kind", "subject", "batch_size"),
                                     outputs=(("CONDITIONING", "CONDITIONING"),)),
-    "StepCacheDemoLatent": NodeSpec("StepCache Demo Empty Latent", widgets=("kind", "batch_size", "frames"), outputs=(("LATENT", "LATENT"),)),
-    "StepCacheDemoDecode": NodeSpec("StepCache Demo Decode", inputs=(("samples", "LATENT"),), outputs=(("IMAGE", "IMAGE"),)),
+    "StepCacheDemoLatent": NodeSpec("StepCache Demo Empty Latent", widgets=("kind", "batch_size", "frames"),
+                                    outputs=(("LATENT", "LATENT"),)),
+    "StepCacheDemoDecode": NodeSpec("StepCache Demo Decode", inputs=(("samples", "LATENT"),),
+                                    outputs=(("IMAGE", "IMAGE"),)),
     # frontend-only: never in the API format
     "MarkdownNote": NodeSpec("Note", widgets=("text",), width=440),
 }
@@ -356,13 +365,14 @@ expert inputs (threshold, K, retention, estimator, check) exactly as set.
 TUNING_TEACACHE = """
 **Tuning** (Apply TeaCache, at `quality: custom`, which runs TeaCache itself): raise `threshold`
 for more speed, lower it for fidelity; 0 never skips. A quality level (`lossless` to `fast`)
-instead runs the same measured-error rule as Apply MagCache. `start_percent` / `end_percent` limit skipping to part of the denoising,
-`max_consecutive_skips` caps skips in a row. Keep the seed fixed and bypass the cache node
-(Ctrl+B) to compare with the uncached result; the console line `[StepCache] ...` says what each
-run skipped.
+instead runs the same measured-error rule as Apply MagCache. `start_percent` / `end_percent` limit
+skipping to part of the denoising, `max_consecutive_skips` caps skips in a row. Keep the seed fixed
+and bypass the cache node (Ctrl+B) to compare with the uncached result; the console line
+`[StepCache] ...` says what each run skipped.
 """
 
-SPEEDUP_SOURCE = "MagCache paper (Zehong-Ma/MagCache), quality/speed tables, same GPU per row; see also docs/benchmark.md"
+SPEEDUP_SOURCE = ("MagCache paper (Zehong-Ma/MagCache), quality/speed tables, same GPU per row; "
+                  "see also docs/benchmark.md")
 
 
 def flux1_dev_magcache() -> Workflow:

@@ -30,6 +30,20 @@ def server():
         yield running
 
 
+@pytest.fixture(scope="module")
+def baselines(host):
+    """Unpatched output of each family (12 steps, cfg 3) and its model, built on first use."""
+    from harness.sampling import Job, tiny
+
+    class Baselines(dict):
+        def __missing__(self, family: str) -> tuple:
+            model = tiny().build_model(family, seed=0)
+            self[family] = (model, Job(family).run(model))
+            return self[family]
+
+    return Baselines()
+
+
 def tiny_family_names(kind: str = "tiny_family") -> list[str]:
     """The registry's tiny models this ComfyUI has the class of, optionally only those whose pack
     family caches through block hooks (``block_family``) or in output space."""

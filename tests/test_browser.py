@@ -171,7 +171,8 @@ COVERED_POINTS_JS = """
     for (let i = 0; i <= steps; i++) for (let j = 0; j <= steps; j++) {
         const x = r.left + 2 + (r.width - 4) * i / steps, y = r.top + 2 + (r.height - 4) * j / steps;
         const owner = document.elementFromPoint(x, y)?.closest("[data-node-id]");
-        if (owner && owner.dataset.nodeId !== String(id)) covered.push([Math.round(x), Math.round(y), owner.dataset.nodeId]);
+        if (owner && owner.dataset.nodeId !== String(id))
+            covered.push([Math.round(x), Math.round(y), owner.dataset.nodeId]);
     }
     return covered;
 }
@@ -214,7 +215,8 @@ class Frontend:
             timeout=120_000,
             state="() => ({ app: !!window.app, spinner: window.app?.extensionManager?.spinner,"
                   " splash: !!document.getElementById('splash-loader'),"
-                  " extensions: (window.app?.extensions ?? []).map((e) => e.name).filter((n) => n.includes('StepCache')) })",
+                  " extensions: (window.app?.extensions ?? []).map((e) => e.name)"
+                  ".filter((n) => n.includes('StepCache')) })",
         )
 
     def wait_until(self, condition: str, what: str, arg=None, timeout: float = 60_000, state: str | None = None,
@@ -472,7 +474,8 @@ def assert_panel_fits(shown: dict) -> None:
     )
     before, after = shown["node_heights"]
     assert after == before, (
-        f"the node keeps growing: {before} -> {after} px over {GROWTH_FRAMES} frames (heights {shown['node_heights_seen']})"
+        f"the node keeps growing: {before} -> {after} px over {GROWTH_FRAMES} frames "
+        f"(heights {shown['node_heights_seen']})"
     )
 
 
@@ -531,7 +534,8 @@ def test_calibrate_node_shows_its_run_and_plots_the_measured_ratios(frontend, ui
                                       " && e.textContent.includes('calibration run')")
     assert_panel_fits(shown)
     assert shown["lines"] == [
-        f"calibration run: {measured['steps']} steps measured ({' / '.join(b['branch'] for b in measured['branches'])})",
+        f"calibration run: {measured['steps']} steps measured "
+        f"({' / '.join(b['branch'] for b in measured['branches'])})",
         measured["label"],
         f"magnitude ratio per step ({' / '.join(branches)}); dashed = 1.0",
     ]
@@ -610,7 +614,8 @@ def test_every_example_is_queued_as_its_api_twin_and_keeps_its_panels_uncovered(
         "(count) => window.app.graph.nodes.filter((n) => n.stepcachePanel?.isConnected"
         " && n.stepcachePanel.firstChild.offsetHeight > 0).length === count",
         arg=count, what=f"{name}: {count} panels on the page",
-        state="() => window.app.graph.nodes.filter((n) => n.stepcachePanel).map((n) => [n.id, n.stepcachePanel.isConnected])",
+        state="() => window.app.graph.nodes.filter((n) => n.stepcachePanel)"
+              ".map((n) => [n.id, n.stepcachePanel.isConnected])",
     )
     frontend.assert_panels_uncovered(name, expected=count)
     frontend.screenshot(tmp_path, f"layout-{name}")

@@ -81,7 +81,8 @@ def ctx(host):
         positive = models.conditioning("image", CALIBRATION_CLASSES)
         negative = models.conditioning("image", None, len(CALIBRATION_CLASSES))
         latent = models.empty_latent("image", len(CALIBRATION_CLASSES))
-        _, calibrations[method] = measure("test", calibrated_methods[method], model, CALIBRATION_SEED, STEPS, CFG, SAMPLER, SCHEDULER,
+        _, calibrations[method] = measure("test", calibrated_methods[method], model, CALIBRATION_SEED, STEPS, CFG,
+                                          SAMPLER, SCHEDULER,
                                           positive, negative, latent, 1.0)
     return SimpleNamespace(model=model, run=run, decode=pixels.latent_to_image, references=references,
                            calibrations=calibrations, sampling=sampling,

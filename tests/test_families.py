@@ -17,20 +17,6 @@ def tiny_spec(family: str):
     return tiny().FAMILIES[family]
 
 
-@pytest.fixture(scope="module")
-def baselines(host):
-    """Unpatched output of each family (12 steps, cfg 3) and its model, built on first use."""
-    from harness.sampling import Job, tiny
-
-    class Baselines(dict):
-        def __missing__(self, family: str) -> tuple:
-            model = tiny().build_model(family, seed=0)
-            self[family] = (model, Job(family).run(model))
-            return self[family]
-
-    return Baselines()
-
-
 def flux_ratios():
     from harness.sampling import pack
 

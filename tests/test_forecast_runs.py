@@ -27,20 +27,6 @@ VARIANTS = {
 FORCED_SKIP = dict(threshold=5.0, max_consecutive_skips=100, retention_ratio=0.0)
 
 
-@pytest.fixture(scope="module")
-def baselines(host):
-    """Unpatched output of each family (12 steps, cfg 3) and its model, built on first use."""
-    from harness.sampling import Job, tiny
-
-    class Baselines(dict):
-        def __missing__(self, family: str) -> tuple:
-            model = tiny().build_model(family, seed=0)
-            self[family] = (model, Job(family).run(model))
-            return self[family]
-
-    return Baselines()
-
-
 def caches_in_output_space(family: str) -> bool:
     from harness.sampling import pack, tiny
 

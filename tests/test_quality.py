@@ -75,7 +75,8 @@ def test_every_cached_family_runs_at_every_level_with_variant_auto(host):
         frames = 2 if fuzz.takes_frames(tiny.FAMILIES[name]) else None
         job = sampling.Job(name, seed=3, steps=12, cfg=3.0, frames=frames)
         for level in ("lossless", "fast", "custom"):
-            inputs = {"skip_rule": "measured", "threshold": 50.0, "max_consecutive_skips": 3} if level == "custom" else {}
+            custom = {"skip_rule": "measured", "threshold": 50.0, "max_consecutive_skips": 3}
+            inputs = custom if level == "custom" else {}
             patched, node_id = sampling.apply(model, "magcache", variant="auto", quality=level, **inputs)
             out = job.run(patched)
             stats = sampling.stats(node_id)

@@ -22,11 +22,13 @@ def tiny_graph(family: str, steps: int = 4, cfg: float = 3.0) -> dict:
         "model": {"class_type": "StepCacheTestTinyModel", "inputs": {"family": family, "seed": 0}},
         "pos": {"class_type": "StepCacheTestConditioning", "inputs": {"family": family, "seed": 1, "batch": 1}},
         "neg": {"class_type": "StepCacheTestConditioning", "inputs": {"family": family, "seed": 2, "batch": 1}},
-        "latent": {"class_type": "StepCacheTestLatent", "inputs": {"family": family, "batch": 1, "scale": 1, "frames": 0}},
+        "latent": {"class_type": "StepCacheTestLatent",
+                   "inputs": {"family": family, "batch": 1, "scale": 1, "frames": 0}},
         "sampler": {"class_type": "KSampler", "inputs": {
             "model": ["model", 0], "positive": ["pos", 0], "negative": ["neg", 0], "latent_image": ["latent", 0],
             "seed": 7, "steps": steps, "cfg": cfg, "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0}},
-        "save": {"class_type": "SaveLatent", "inputs": {"samples": ["sampler", 0], "filename_prefix": f"latents/{family}"}},
+        "save": {"class_type": "SaveLatent",
+                 "inputs": {"samples": ["sampler", 0], "filename_prefix": f"latents/{family}"}},
     }
 
 
@@ -58,7 +60,8 @@ def test_tiny_wan_checkpoint_loads_through_the_real_unet_loader(server, host):
     save_file(state, str(server.base_directory / "models" / "diffusion_models" / "tiny_wan.safetensors"))
 
     graph = tiny_graph("wan21")
-    graph["model"] = {"class_type": "UNETLoader", "inputs": {"unet_name": "tiny_wan.safetensors", "weight_dtype": "default"}}
+    graph["model"] = {"class_type": "UNETLoader",
+                      "inputs": {"unet_name": "tiny_wan.safetensors", "weight_dtype": "default"}}
     before = set(server.output_files())
     entry = server.run(graph)
     assert entry["status"]["status_str"] == "success", entry["status"]
@@ -206,7 +209,8 @@ def test_the_readme_headless_example_runs_and_prints_the_cache_stats(server, tmp
     assert done.returncode == 0, done.stdout + done.stderr
     assert "status: success" in done.stdout
     summary = re.search(r"node \S+: measured error \+ damped forecast \(damping 0.5\) \(quality balanced: none "
-                        r"needed \(the run measures its own error\)\): .*block stack ran (\d+)/(\d+) calls", done.stdout)
+                        r"needed \(the run measures its own error\)\): .*block stack ran (\d+)/(\d+) calls",
+                        done.stdout)
     assert summary, done.stdout
     computed, total = map(int, summary.groups())
     assert 0 < computed < total  # the demo workflow does skip

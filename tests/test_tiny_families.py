@@ -22,7 +22,8 @@ def test_every_family_of_the_pack_has_a_tiny_model(host):
     pack_families = {family.name for family in host.pack_module("families").FAMILIES}
     with_tiny_model = {spec.family for spec in tiny.FAMILIES.values()}
     assert pack_families <= with_tiny_model, f"no tiny model of {sorted(pack_families - with_tiny_model)}"
-    assert with_tiny_model <= pack_families, f"tiny models of unknown families {sorted(with_tiny_model - pack_families)}"
+    unknown = sorted(with_tiny_model - pack_families)
+    assert with_tiny_model <= pack_families, f"tiny models of unknown families {unknown}"
 
 
 def test_comfyui_detects_the_tiny_checkpoint_as_its_class(host, tiny_family):

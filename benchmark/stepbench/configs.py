@@ -251,13 +251,15 @@ def make_plan(quick: bool, classes: int | None, seeds: int | None, batch: int, r
         plan = Plan(settings=settings, pairs=pairs, calibration_classes=calibration, calibration_seed=10_000,
                     teacache_thresholds=[0.2, 0.4], teacache_k=3,
                     magcache_thresholds=[0.02, 0.08], magcache_ks=[2], magcache_retention=0.2,
-                    native_thresholds=[0.05, 0.2], planned_thresholds=[0.5, 1.5], reps=1 if reps is None else reps, diagnostic_as_is=True, **common)
+                    native_thresholds=[0.05, 0.2], planned_thresholds=[0.5, 1.5], reps=1 if reps is None else reps,
+                    diagnostic_as_is=True, **common)
     else:
         plan = Plan(settings=settings, pairs=pairs, calibration_classes=calibration, calibration_seed=10_000,
                     teacache_thresholds=[0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.4, 0.6, 1.0], teacache_k=3,
                     magcache_thresholds=[0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.15], magcache_ks=[2, 3, 4],
                     magcache_retention=0.2, native_thresholds=[0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5, 0.8],
-                    planned_thresholds=[0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0], reps=2 if reps is None else reps, **common)
+                    planned_thresholds=[0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0], reps=2 if reps is None else reps,
+                    **common)
     if teacache_thresholds:
         plan.teacache_thresholds = teacache_thresholds
     if magcache_thresholds:

@@ -228,8 +228,8 @@ class Bench:
         config = pack("cache_core.methods").CALIBRATED_METHODS[method]
         start = time.perf_counter()
         _, calibration = self.calibrate_nodes.measure(
-            config.calibrate_node, config, self.base, seed, setting.steps, setting.cfg, setting.sampler, setting.scheduler,
-            positive, negative, latent, 1.0)
+            config.calibrate_node, config, self.base, seed, setting.steps, setting.cfg, setting.sampler,
+            setting.scheduler, positive, negative, latent, 1.0)
         return calibration, time.perf_counter() - start
 
     # configurations
@@ -254,7 +254,8 @@ class Bench:
                 inputs["variant"] = PUBLISHED_VARIANTS[self.kind]
             patched, node_id = harness_sampling.apply(model, config.method, **inputs)
             settings = self.runtime.installed_settings(patched)
-            uses_own = getattr(settings.method, "ratios", None) is not None or getattr(settings.method, "coefficients", None) is not None
+            uses_own = (getattr(settings.method, "ratios", None) is not None
+                        or getattr(settings.method, "coefficients", None) is not None)
             if uses_own != (config.constants == "calibrated"):
                 raise RuntimeError(f"{config.label}: the node did not use the intended constants "
                                    "(a saved calibration in the user directory?)")
@@ -388,7 +389,8 @@ def run_setting(bench: Bench, plan: Plan, setting: SamplerSetting, progress: Cal
         result = run_config(bench, config, plan, setting, calibrations, references)
         results.append(result)
         wall = "" if result["wall_speedup"] is None else f"wall {result['wall_speedup']:.2f}x  "
-        progress(f"   {config.label:<78} rows {result['row_speedup']:.2f}x  {wall}PSNR worst {result['psnr_worst']:6.2f} "
+        progress(f"   {config.label:<78} rows {result['row_speedup']:.2f}x  {wall}"
+                 f"PSNR worst {result['psnr_worst']:6.2f} "
                  f"mean {result['psnr_mean']:6.2f}  ({time.perf_counter() - start:.0f} s)")
     return {"kind": bench.kind,
             "setting": {"name": setting.name, "key": setting.key, "sampler": setting.sampler,

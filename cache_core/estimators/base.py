@@ -59,13 +59,13 @@ class Estimator(ABC):
 
     @property
     @abstractmethod
-    def history(self) -> int:
+    def residuals_kept(self) -> int:
         """How many residuals per entry it needs kept (its order + 1); the cache keeps no more."""
 
     @abstractmethod
     def weights(self, times: Sequence[float], target: float) -> tuple[float, ...]:
         """Weights on the kept residuals at ``times`` (oldest first, strictly increasing, at
-        least one; fewer than ``history`` early in a run) for the residual at ``target``."""
+        least one; fewer than ``residuals_kept`` early in a run) for the residual at ``target``."""
 
     @property
     def error_order(self) -> int:

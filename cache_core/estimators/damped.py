@@ -44,7 +44,7 @@ class DampedEstimator(Estimator):
         self.phi = 1.0 - damping
 
     @property
-    def history(self) -> int:
+    def residuals_kept(self) -> int:
         return 2
 
     @property

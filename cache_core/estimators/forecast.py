@@ -36,7 +36,7 @@ class ForecastEstimator(Estimator):
         return 1 if self.order == 1 else None
 
     @property
-    def history(self) -> int:
+    def residuals_kept(self) -> int:
         return self.order + 1
 
     @property

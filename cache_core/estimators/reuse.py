@@ -19,7 +19,7 @@ class ReuseEstimator(Estimator):
         return 0
 
     @property
-    def history(self) -> int:
+    def residuals_kept(self) -> int:
         return 1
 
     @property

@@ -171,3 +171,13 @@ def test_measured_turning_adds_to_the_magcache_error(core):
                    for r, a in ((0.98, angle), (0.98**2, 2 * angle)))
     assert entry_turning.error == pytest.approx(expected)
     assert entry_turning.error > entry_plain.error
+
+
+def test_the_shared_passthrough_call_cannot_be_changed(core):
+    import importlib
+
+    run_cache = importlib.import_module(f"{core.__name__}.run_cache")
+    with pytest.raises(AttributeError, match="never changes"):
+        run_cache.PASSTHROUGH.skip = True
+    assert run_cache.PASSTHROUGH.skip is False
+    run_cache.StackCall(skip=False).skip = True  # calls of a run are its own to fill in

@@ -54,8 +54,8 @@ def test_damped_forecast_runs_from_the_forecast_to_reuse_and_stays_bounded(core)
 def test_estimator_specs_build_what_they_name(core):
     spec = core.EstimatorSpec
     assert spec().build().is_reuse
-    assert spec("forecast", order=2).build().history == 3
-    assert spec("damped_forecast", damping=0.3).build().history == 2
+    assert spec("forecast", order=2).build().residuals_kept == 3
+    assert spec("damped_forecast", damping=0.3).build().residuals_kept == 2
     with pytest.raises(ValueError, match="unknown estimator"):
         spec("psychic").build()
     with pytest.raises(ValueError, match="order"):

@@ -80,7 +80,9 @@ def test_both_cfg_branches_are_measured_on_the_guided_residual_and_decide_togeth
 
     def residual(step, index):
         wobble = 0.3 * (-1.0) ** step  # what the forecast cannot follow, in both branches alike
-        return torch.tensor(1.0 + 0.1 * step + wobble) if index == 0 else torch.tensor(1.5 + 0.1 * step + wobble * cfg / (cfg - 1))
+        if index == 0:
+            return torch.tensor(1.0 + 0.1 * step + wobble)
+        return torch.tensor(1.5 + 0.1 * step + wobble * cfg / (cfg - 1))
 
     schedule, cache = measured_run(core, tolerance=0.05, k=1, cfg=cfg)
     stats, _ = drive(cache, schedule, residual, keys=("c", "u"), branches=(0, 1))

@@ -153,7 +153,8 @@ def published_variant(model: Any, method: str = "magcache") -> str:
 
 def install(model: Any, method: str, **settings: Any) -> tuple[Any, str]:
     """Install with explicit settings (tests that need knobs the nodes do not expose): ``method``
-    "teacache", "magcache" or "measure" (a calibration's run, without a recorder), keywords of its cache_core.methods config or of CacheSettings."""
+    "teacache", "magcache" or "measure" (a calibration's run, without a recorder), keywords of its
+    cache_core.methods config or of CacheSettings."""
     runtime = pack("nodes.runtime")
     methods = pack("cache_core.methods")
     family = pack("families").family_for(model.model)

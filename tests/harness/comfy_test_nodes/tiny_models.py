@@ -30,8 +30,9 @@ Adding a tiny model of a new family:
    conditioning the model reads; ``family`` and ``variant`` are what the pack must detect.
 3. ``./dev test tests/test_tiny_families.py tests/test_families.py``: every registered family is
    built, sampled and checked against the pack's family registry on each supported ComfyUI (the
-   test lists come from this registry); a family of the pack without a tiny model fails there. A model class that only newer ComfyUI versions have is
-   skipped on older ones by ``TinyFamily.available`` (feature detection, not version numbers).
+   test lists come from this registry); a family of the pack without a tiny model fails there. A
+   model class that only newer ComfyUI versions have is skipped on older ones by
+   ``TinyFamily.available`` (feature detection, not version numbers).
 """
 
 from __future__ import annotations
