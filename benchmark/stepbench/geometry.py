@@ -30,7 +30,7 @@ class FluxGeometry:
 
     def template(self, builder: Any) -> Any:
         """FLUX.1's released format, which every supported ComfyUI loads, sampled as ``Flux``.
-        Detection assumes heads of 128 with FLUX.1's RoPE axes; other head sizes get an overlay."""
+        Detection cannot read the head count or RoPE axes from the shapes: the overlay gives them."""
         h, mlp, d = self.hidden, 4 * self.hidden, self.head_dim
 
         def qk_norm(prefix: str) -> Shapes:
@@ -52,7 +52,9 @@ class FluxGeometry:
             shapes += [*_linear(f"{b}.linear1", 3 * h + mlp, h), *_linear(f"{b}.linear2", h, h + mlp),
                        *qk_norm(b), *_linear(f"{b}.modulation.lin", 3 * h, h)]
         shapes += [*_linear("final_layer.linear", 16 * 4, h), *_linear("final_layer.adaLN_modulation.1", 2 * h, h)]
-        overlay = {} if d == 128 else {"num_heads": h // d, "axes_dim": [d // 4, 3 * d // 8, 3 * d // 8]}
+        # Older ComfyUI (0.3.75) assumes FLUX.1's 24 heads whatever the width: always say how many.
+        axes = [16, 56, 56] if d == 128 else [d // 4, 3 * d // 8, 3 * d // 8]
+        overlay = {"num_heads": h // d, "axes_dim": axes}
         return builder.Template(dict(shapes), overlay=overlay, config_class="Flux")
 
     def describe(self) -> str:
