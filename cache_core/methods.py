@@ -201,7 +201,6 @@ class MeasuredErrorConfig(MethodConfig):
     tolerance: float
     max_consecutive_skips: int = 3
     retention_ratio: float = 0.2
-    ramp: float = 0.0  # model time over which the tolerance rises after the retained head
     growth: float = 1.0  # prior exponent of the error's growth with the gap (fitted up to 2)
     guided: bool = True  # measure on the guided residual (both CFG branches decide together)
     level: str | None = None  # the quality level these settings are, for the statistics
@@ -210,7 +209,7 @@ class MeasuredErrorConfig(MethodConfig):
 
     def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
         return MeasuredErrorPolicy(schedule, self.tolerance, self.max_consecutive_skips, self.retention_ratio,
-                                   estimator=self.estimator.build(), ramp=self.ramp, guided=self.guided,
+                                   estimator=self.estimator.build(), guided=self.guided,
                                    prior_growth=self.growth, growth_range=(self.growth, 2.0))
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:

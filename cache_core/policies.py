@@ -64,6 +64,8 @@ class CachePolicy(ABC):
     uses_signal: bool = False
     # The decision needs the estimator's error measured at each computed step (``observe``).
     measures_error: bool = False
+    # ... and measures it on the guided residual when a call holds both CFG branches.
+    measures_guided: bool = False
 
     def __init__(self, schedule: RunSchedule, estimator: Estimator | None = None) -> None:
         self.schedule = schedule
@@ -356,19 +358,12 @@ class MeasuredErrorPolicy(CachePolicy):
         estimator: Estimator | None = None,
         prior_growth: float = 1.0,
         growth_range: tuple[float, float] = (1.0, 2.0),
-        ramp: float = 0.0,
         guided: bool = True,
     ) -> None:
         super().__init__(schedule, estimator)
         self.tolerance = tolerance
         # Measure on the guided residual where the call holds both CFG branches (else per entry).
         self.measures_guided = guided
-        # Early skips cost the most (they move the whole layout): past the retained head the
-        # tolerance rises linearly over ``ramp`` of model time to its full value.
-        self.step_tolerance = tuple(
-            tolerance * min(1.0, (schedule.step_midpoint(step) - retention_ratio) / ramp) if ramp > 0.0 else tolerance
-            for step in range(schedule.steps)
-        )
         self.max_consecutive_skips = max_consecutive_skips
         self.prior_growth = prior_growth
         self.growth_range = growth_range
@@ -405,7 +400,7 @@ class MeasuredErrorPolicy(CachePolicy):
         if entry.consecutive_skips >= self.max_consecutive_skips:
             return False
         gap = self.times[step] - self.times[entry.computed_steps[-1]]
-        return entry.rate * gap**entry.growth <= self.step_tolerance[step]
+        return entry.rate * gap**entry.growth <= self.tolerance
 
 
 class NeverSkipPolicy(CachePolicy):

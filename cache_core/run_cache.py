@@ -163,16 +163,15 @@ class RunCache:
         self.observer = observer
         if observer is not None:
             observer.start(schedule)
-        # The check ("first_block", "hindsight" or None), the largest relative L1 error at which a
-        # skip goes ahead, and the head block's share of the stack's work (first-block check).
+        # The check (cache_core/checks.py, or None), and the head block's share of the stack's
+        # work (first-block check).
         self.check = check
         self.head_cost = head_cost
         # Computed calls measure the estimator's error (the hindsight check, or a policy that
         # decides from it); with the guidance scale known, a call holding both CFG branches
         # measures it on what the sampler uses, cfg * cond - (cfg - 1) * uncond.
         self.measures_error = (check is not None and check.measures_error) or policy.measures_error
-        guided = getattr(policy, "measures_guided", False)
-        self.cfg = cfg if guided and cfg is not None and cfg != 1.0 else None
+        self.cfg = cfg if policy.measures_guided and cfg is not None and cfg != 1.0 else None
         self.refused = 0  # decisions to skip that a check turned into computing
         reason = None
         if not (policy.can_skip or measure):

@@ -7,14 +7,13 @@ the tolerance.
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 
-def measured_run(core, steps=12, tolerance=0.1, k=3, retention=0.0, estimator="forecast", cfg=None, ramp=0.0):
+def measured_run(core, steps=12, tolerance=0.1, k=3, retention=0.0, estimator="forecast", cfg=None):
     schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
     policy = core.policies.MeasuredErrorPolicy(schedule, tolerance, k, retention,
-                                               estimator=core.EstimatorSpec(estimator).build(), ramp=ramp)
+                                               estimator=core.EstimatorSpec(estimator).build())
     return schedule, core.RunCache(schedule, policy, cfg=cfg)
 
 
@@ -92,13 +91,3 @@ def test_both_cfg_branches_are_measured_on_the_guided_residual_and_decide_togeth
     schedule, cache = measured_run(core, tolerance=0.05, k=1)
     stats, _ = drive(cache, schedule, residual, keys=("c", "u"), branches=(0, 1))
     assert stats.branches[0].steps_skipped == 0
-
-
-def test_the_ramp_raises_the_tolerance_after_the_retained_head(core):
-    steps = 10
-    schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
-    policy = core.policies.MeasuredErrorPolicy(schedule, 0.2, 3, 0.2, ramp=0.4)
-    tolerances = policy.step_tolerance
-    assert policy.retained[:2] == (True, True) and not policy.retained[2]
-    assert list(tolerances) == sorted(tolerances) and tolerances[2] < 0.2 * 0.25
-    assert tolerances[6:] == pytest.approx([0.2] * 4)
