@@ -7,6 +7,8 @@
 - ``policies``: the skip/compute decisions of TeaCache, MagCache and the measured-error rule, per
   conditioning entry, with an error estimate that follows the estimator.
 - ``checks``: checks against real computation that can refuse a skip (hindsight, first block).
+- ``measurement``: the estimator's error, measured at every computed call that needs it (the
+  hindsight check and the measured-error rule read it).
 - ``quality``: the quality levels, the one knob of both Apply nodes (settings of the measured rule).
 - ``planning``: the planned rule: skip errors measured by a calibration, an error model over model
   time fitted to them, and the computed steps of a run chosen against an error budget.
@@ -17,7 +19,7 @@
 """
 
 from .estimators import ESTIMATORS, Estimator, EstimatorSpec
-from .methods import MagCacheConfig, MeasureConfig, MethodConfig, TeaCacheConfig
+from .methods import CalibrationRunConfig, MagCacheConfig, MethodConfig, TeaCacheConfig
 from .policies import CachePolicy, MagCachePolicy, TeaCachePolicy
 from .ratios import MagRatios
 from .run_cache import RunCache, StackCall
@@ -27,12 +29,12 @@ from .stats import RunStats
 __all__ = [
     "ESTIMATORS",
     "CachePolicy",
+    "CalibrationRunConfig",
     "Estimator",
     "EstimatorSpec",
     "MagCacheConfig",
     "MagCachePolicy",
     "MagRatios",
-    "MeasureConfig",
     "MethodConfig",
     "RunCache",
     "RunSchedule",

@@ -1,6 +1,6 @@
 """Calibration: a model's own MagCache ratios and TeaCache polynomial, measured in a real run.
 
-A calibration run computes every step (``methods.MeasureConfig``) while a ``ResidualRecorder``,
+A calibration run computes every step (``methods.CalibrationRunConfig``) while a ``ResidualRecorder``,
 handed to that run's cache, watches it. Per step and CFG branch it keeps:
 
 - the MagCache magnitude ratio, mean over tokens of ||r_t|| / ||r_{t-1}|| of the stack residual r,
@@ -11,7 +11,9 @@ handed to that run's cache, watches it. Per step and CFG branch it keeps:
 
 It also measures, on the CFG-combined residual cfg * cond - (cfg - 1) * uncond (what the sampler
 uses), what skipping each step would have cost with reuse and with a first-order forecast, for
-gaps of several steps (``planning.SkipError``): the planned rule's error model is fitted to those.
+gaps of several steps (``planning.SkipError``): the planned rule's error model is fitted to those;
+and the second moments of that residual between every pair of steps (``moments.ResidualMoments``),
+from which the optimal_linear estimator solves its weights and the planned rule its exact errors.
 
 Only the first evaluation of each step is measured (multi-call samplers evaluate between steps).
 A ``Calibration`` also names the model it was measured on and the schedule it was measured with,
@@ -32,6 +34,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from .moments import ResidualMoments
 from .planning import MEASURED_BACK, MEASURED_FORWARD, ErrorModel, SkipError
 from .ratios import MagRatios
 from .schedule import RunSchedule
@@ -45,17 +48,20 @@ class CalibrationError(ValueError):
 # The methods a calibration can be of, by their name in the file, as reports name them.
 METHOD_NAMES = {"magcache": "MagCache", "teacache": "TeaCache"}
 
-# Version 2 added the skip errors (and the guidance scale they were measured at); version 1
-# calibrations still load, without them.
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# Version 2 added the skip errors (and the guidance scale they were measured at), version 3 the
+# residual moments; earlier calibrations still load, without them.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+# The residual moments are computed on at most this many values per row of the CFG-combined
+# residual (a strided sample of the skip errors' tokens).
+MOMENT_SAMPLES = 16384
 # The skip errors are measured on at most this many tokens per row, evenly spread: relative
 # errors need no more, and the calibration run keeps several steps of them.
 ERROR_TOKENS = 4096
 
 
 @dataclass(frozen=True)
-class StepMeasure:
+class StepRecord:
     step: int
     branch: int
     magnitude_ratio: float
@@ -66,28 +72,29 @@ class StepMeasure:
 
 
 class ResidualRecorder:
-    """A ``RunObserver`` collecting ``StepMeasure``s from one measuring run."""
+    """A ``RunObserver`` collecting ``StepRecord``s from one measuring run."""
 
     def __init__(self, channels_last: bool = True, cfg: float = 1.0) -> None:
         # Block-stack residuals are [batch, tokens, channels]; output-space ones [batch, C, ...].
         self.channels_last = channels_last
         self.cfg = cfg
         self.schedule: RunSchedule | None = None
-        self.measures: list[StepMeasure] = []
+        self.records: list[StepRecord] = []
         self.skip_errors: list[SkipError] = []
         self._previous: dict[int, torch.Tensor] = {}
-        self._measured: set[tuple[int, int]] = set()
+        self._recorded: set[tuple[int, int]] = set()
         self._signal: dict[tuple[int, int], float] = {}
         # This step's residual per branch (token subsample), combined when the next step starts.
         self._pending_step = -1
         self._pending: dict[int, torch.Tensor] = {}
         self._combined: deque[tuple[int, torch.Tensor]] = deque(maxlen=MEASURED_FORWARD + MEASURED_BACK)
+        self._moment_samples: dict[int, torch.Tensor] = {}  # step -> [rows, n] sample of its combined residual
 
     def start(self, schedule: RunSchedule) -> None:
         self.schedule = schedule
 
     def finish(self) -> None:
-        """After the run: measure the last step."""
+        """After the run: record the last step."""
         self._combine_pending()
 
     def signal_changes(self, step: int, branches: tuple[int, ...], changes: list[float]) -> None:
@@ -97,13 +104,13 @@ class ResidualRecorder:
     def residual(self, step: int, branches: tuple[int, ...], residual: torch.Tensor) -> None:
         rows = residual.shape[0] // len(branches)
         for index, branch in enumerate(branches):
-            if (step, branch) in self._measured:
+            if (step, branch) in self._recorded:
                 continue
-            self._measured.add((step, branch))
+            self._recorded.add((step, branch))
             current = self._tokens(residual[index * rows:(index + 1) * rows])
             previous, self._previous[branch] = self._previous.get(branch), current
             if previous is not None and previous.shape == current.shape:
-                self.measures.append(self._measure(step, branch, current, previous))
+                self.records.append(self._record(step, branch, current, previous))
             if step != self._pending_step:
                 self._combine_pending()
                 self._pending_step = step
@@ -119,6 +126,8 @@ class ResidualRecorder:
             combined = self.cfg * pending[0] - (self.cfg - 1.0) * pending[1]
         else:
             combined = pending[min(pending)]
+        flat = combined.reshape(combined.shape[0], -1)
+        self._moment_samples[step] = flat[:, ::max(1, -(-flat.shape[1] // MOMENT_SAMPLES))].double()
         earlier = {s: r for s, r in self._combined if r.shape == combined.shape}
         self._combined.append((step, combined))
         times = self.schedule.step_times
@@ -144,6 +153,19 @@ class ResidualRecorder:
         self.skip_errors += [SkipError(step, order, forward, back, error)
                              for (order, forward, back), error in zip(keys, errors, strict=True)]
 
+    def moments(self) -> ResidualMoments | None:
+        """After the run: the second moments of the combined residual over every step, or None
+        where a step is missing or changed shape (nothing to interpolate between)."""
+        if self.schedule is None:
+            return None
+        steps = self.schedule.steps
+        samples = [self._moment_samples.get(step) for step in range(steps)]
+        if steps < 3 or any(s is None or s.shape != samples[0].shape for s in samples):
+            return None
+        stacked = torch.stack(samples)  # [steps, rows, n]
+        gram = torch.einsum("irn,jrn->ij", stacked, stacked) / (stacked.shape[1] * stacked.shape[2])
+        return ResidualMoments.from_gram(self.schedule.progress[:steps], gram.cpu().numpy())
+
     def _tokens(self, residual: torch.Tensor) -> torch.Tensor:
         """[rows, tokens, channels], float32, a private copy."""
         r = residual.detach().float()
@@ -151,13 +173,13 @@ class ResidualRecorder:
             r = r.movedim(1, -1)
         return r.reshape(r.shape[0], -1, r.shape[-1]).clone()
 
-    def _measure(self, step: int, branch: int, current: torch.Tensor, previous: torch.Tensor) -> StepMeasure:
+    def _record(self, step: int, branch: int, current: torch.Tensor, previous: torch.Tensor) -> StepRecord:
         ratios = current.norm(dim=-1) / previous.norm(dim=-1).clamp_min(1e-12)
         cosine = torch.nn.functional.cosine_similarity(current.reshape(1, -1), previous.reshape(1, -1))[0]
         change = (current - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)
         # One transfer to the host for the four figures, not one sync each.
         mean, spread, cosine, change = torch.stack([ratios.mean(), ratios.std(), cosine, change]).tolist()
-        return StepMeasure(
+        return StepRecord(
             step=step, branch=branch, magnitude_ratio=mean, ratio_spread=spread,
             cosine_distance=1.0 - cosine, residual_change=change, signal_change=self._signal.get((step, branch)),
         )
@@ -200,7 +222,7 @@ class Calibration:
     method: str  # a key of METHOD_NAMES (and of methods.CALIBRATED_METHODS)
     model: ModelIdentity
     schedule: ScheduleInfo
-    measures: tuple[StepMeasure, ...]
+    records: tuple[StepRecord, ...]  # saved under the JSON key "measures" (the file format is unchanged)
     coefficients: tuple[float, ...] | None = None  # TeaCache: fitted polynomial
     # TeaCache: (signal change, residual change) of every run it was fitted over.
     fit_points: tuple[tuple[float, float], ...] = ()
@@ -209,6 +231,8 @@ class Calibration:
     # What skipping each step would have cost (planned rule), and the guidance scale of the run.
     skip_errors: tuple[SkipError, ...] = ()
     cfg: float | None = None
+    # Second moments of the CFG-combined residual between the steps (optimal_linear, planned rule).
+    moments: ResidualMoments | None = None
     version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -218,10 +242,10 @@ class Calibration:
 
     @property
     def branches(self) -> tuple[int, ...]:
-        return tuple(sorted({m.branch for m in self.measures}))
+        return tuple(sorted({m.branch for m in self.records}))
 
     def per_step(self, branch: int, field_name: str, first: float) -> list[float]:
-        by_step = {m.step: getattr(m, field_name) for m in self.measures if m.branch == branch}
+        by_step = {m.step: getattr(m, field_name) for m in self.records if m.branch == branch}
         return [first] + [by_step[step] for step in range(1, self.schedule.steps)]
 
     def mag_ratios(self) -> MagRatios:
@@ -272,16 +296,16 @@ class Calibration:
             raise CalibrationError(f"the schedule must list one position per step ({steps} steps)")
         if any(b <= a for a, b in itertools.pairwise(self.schedule.progress)):
             raise CalibrationError("the schedule positions must increase")
-        if not self.measures:
+        if not self.records:
             raise CalibrationError("the calibration is empty: no step was measured")
-        for measure in self.measures:
-            values = (measure.magnitude_ratio, measure.ratio_spread, measure.cosine_distance, measure.residual_change)
-            if not all(math.isfinite(v) for v in values) or measure.magnitude_ratio <= 0:
-                raise CalibrationError(f"step {measure.step} has a non-finite or non-positive measurement")
-            if not 0 < measure.step < steps:
-                raise CalibrationError(f"step {measure.step} is outside the {steps}-step schedule")
+        for record in self.records:
+            values = (record.magnitude_ratio, record.ratio_spread, record.cosine_distance, record.residual_change)
+            if not all(math.isfinite(v) for v in values) or record.magnitude_ratio <= 0:
+                raise CalibrationError(f"step {record.step} has a non-finite or non-positive measurement")
+            if not 0 < record.step < steps:
+                raise CalibrationError(f"step {record.step} is outside the {steps}-step schedule")
         for branch in self.branches:
-            seen = {m.step for m in self.measures if m.branch == branch}
+            seen = {m.step for m in self.records if m.branch == branch}
             missing = sorted(set(range(1, steps)) - seen)
             if missing:
                 raise CalibrationError(f"branch {branch} misses steps {missing[:5]}")
@@ -293,6 +317,12 @@ class Calibration:
                 raise CalibrationError(f"a skip error of step {error.step} names steps outside the schedule")
         if self.cfg is not None and not math.isfinite(self.cfg):
             raise CalibrationError("the guidance scale is not finite")
+        if self.moments is not None:
+            problem = self.moments.validate()
+            if problem is None and len(self.moments.progress) != steps:
+                problem = f"the residual moments cover {len(self.moments.progress)} steps, not {steps}"
+            if problem is not None:
+                raise CalibrationError(problem)
 
     # -- JSON ------------------------------------------------------------------------------
 
@@ -301,10 +331,11 @@ class Calibration:
             "format": "stepcache-calibration", "version": self.version, "method": self.method,
             "created": self.created, "runs": self.runs, "model": asdict(self.model),
             "schedule": asdict(self.schedule),
-            "measures": [asdict(m) for m in self.measures],
+            "measures": [asdict(m) for m in self.records],
             "coefficients": list(self.coefficients) if self.coefficients is not None else None,
             "fit_points": [list(point) for point in self.fit_points],
             "skip_errors": [asdict(e) for e in self.skip_errors], "cfg": self.cfg,
+            "moments": asdict(self.moments) if self.moments is not None else None,
         }
 
     @classmethod
@@ -321,12 +352,13 @@ class Calibration:
             return cls(
                 method=data["method"], model=ModelIdentity(**data["model"]),
                 schedule=ScheduleInfo(**schedule),
-                measures=tuple(StepMeasure(**m) for m in data["measures"]),
+                records=tuple(StepRecord(**m) for m in data["measures"]),
                 coefficients=tuple(float(c) for c in coefficients) if coefficients is not None else None,
                 fit_points=tuple((float(x), float(y)) for x, y in data.get("fit_points", ())),
                 created=str(data.get("created", "")), runs=int(data.get("runs", 1)),
                 skip_errors=tuple(SkipError(**e) for e in data.get("skip_errors", ())),
                 cfg=float(data["cfg"]) if data.get("cfg") is not None else None,
+                moments=_moments_from_json(data.get("moments")),
             )
         except CalibrationError:
             raise
@@ -334,8 +366,15 @@ class Calibration:
             raise CalibrationError(f"malformed calibration ({error!r})") from error
 
 
-def teacache_fit_points(measures: Sequence[StepMeasure]) -> tuple[tuple[float, float], ...]:
-    return tuple((m.signal_change, m.residual_change) for m in measures if m.signal_change is not None)
+def _moments_from_json(data: Mapping | None) -> ResidualMoments | None:
+    if data is None:
+        return None
+    return ResidualMoments(progress=tuple(float(v) for v in data["progress"]),
+                           coordinates=tuple(tuple(float(v) for v in row) for row in data["coordinates"]))
+
+
+def teacache_fit_points(records: Sequence[StepRecord]) -> tuple[tuple[float, float], ...]:
+    return tuple((m.signal_change, m.residual_change) for m in records if m.signal_change is not None)
 
 
 def fit_teacache_polynomial(points: Sequence[tuple[float, float]], degree: int = 4) -> tuple[float, ...]:

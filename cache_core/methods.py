@@ -59,7 +59,7 @@ class MethodConfig(ABC):
     display_name: ClassVar[str] = ""
     calibrate_node: ClassVar[str | None] = None
     # Calibration runs compute every step and report what they measured.
-    measures: ClassVar[bool] = False
+    calibrates: ClassVar[bool] = False
 
     @abstractmethod
     def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
@@ -83,8 +83,13 @@ class MethodConfig(ABC):
             return None
         return published + (", chosen with the variant input" if chosen else "")
 
+    def _estimator_for(self, calibration: Any) -> EstimatorSpec:
+        """The estimator choice, given the calibration's residual moments (optimal_linear solves
+        its weights from them; the others ignore them)."""
+        return replace(self.estimator, moments=calibration.moments)
+
     @classmethod
-    def fitted(cls, measures: Sequence[Any]) -> dict:
+    def fitted(cls, records: Sequence[Any]) -> dict:
         """Fields a calibration of this method computes from its measurements (see calibration.py)."""
         return {}
 
@@ -117,14 +122,15 @@ class TeaCacheConfig(MethodConfig):
 
     def with_calibration(self, calibration: Any, source: str | None = None) -> TeaCacheConfig:
         self.check_calibration(calibration)
-        return replace(self, coefficients=calibration.coefficients, constants_source=source)
+        return replace(self, coefficients=calibration.coefficients, constants_source=source,
+                       estimator=self._estimator_for(calibration))
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         return self._describe(self.coefficients, variant, chosen, "coefficients") or "none: unscaled signal"
 
     @classmethod
-    def fitted(cls, measures: Sequence[Any]) -> dict:
-        points = teacache_fit_points(measures)
+    def fitted(cls, records: Sequence[Any]) -> dict:
+        points = teacache_fit_points(records)
         return {"coefficients": fit_teacache_polynomial(points), "fit_points": points}
 
     @classmethod
@@ -171,7 +177,8 @@ class MagCacheConfig(MethodConfig):
         if self.skip_rule == "planned":
             estimator = self.estimator.build()
             order = model_order(estimator)
-            model = self.error_models[order] if self.error_models and order is not None else None
+            model = estimator.error_model or (
+                self.error_models[order] if self.error_models and order is not None else None)
             if model is None:
                 return NeverSkipPolicy(schedule, name=PlannedPolicy.name, reason=(
                     "the planned rule needs skip errors measured by MagCacheCalibrate on this model"))
@@ -187,7 +194,7 @@ class MagCacheConfig(MethodConfig):
         self.check_calibration(calibration)
         models = (calibration.error_model(0), calibration.error_model(1))
         return replace(self, ratios=calibration.mag_ratios(), constants_source=source,
-                       error_models=models if any(models) else None)
+                       error_models=models if any(models) else None, estimator=self._estimator_for(calibration))
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         return self._describe(self.ratios, variant, chosen, "ratios") or "none"
@@ -218,15 +225,15 @@ class MeasuredErrorConfig(MethodConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MeasureConfig(MethodConfig):
+class CalibrationRunConfig(MethodConfig):
     """A calibration run: computes every step and shows it to the run's recorder."""
 
-    measure_signal: bool = True
-    measures: ClassVar[bool] = True
-    display_name: ClassVar[str] = "measure"
+    record_signal: bool = True
+    calibrates: ClassVar[bool] = True
+    display_name: ClassVar[str] = "calibration"
 
     def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
-        return NeverSkipPolicy(schedule, measure_signal=self.measure_signal)
+        return NeverSkipPolicy(schedule, record_signal=self.record_signal)
 
 
 # Calibration tag -> the method it calibrates.
@@ -238,8 +245,8 @@ __all__ = [
     "CALIBRATED_METHODS",
     "SKIP_RULES",
     "CalibrationError",
+    "CalibrationRunConfig",
     "MagCacheConfig",
-    "MeasureConfig",
     "MeasuredErrorConfig",
     "MethodConfig",
     "PublishedConstants",

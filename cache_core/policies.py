@@ -407,12 +407,12 @@ class NeverSkipPolicy(CachePolicy):
     """Computes every step: calibration runs (measuring the TeaCache signal when asked), and runs
     whose method has nothing to skip with (``never_skips_because`` says why)."""
 
-    name = "measure"
+    name = "calibration"
 
-    def __init__(self, schedule: RunSchedule, measure_signal: bool = False, reason: str | None = None,
+    def __init__(self, schedule: RunSchedule, record_signal: bool = False, reason: str | None = None,
                  name: str | None = None) -> None:
         super().__init__(schedule)
-        self.uses_signal = measure_signal
+        self.uses_signal = record_signal
         self.never_skips_because = reason
         if name is not None:  # a cache method that cannot skip this run (its statistics say which)
             self.name = name

@@ -16,7 +16,7 @@ last computed calls, as many as the estimator uses, in that entry's rows:
   cache_core/checks.py): the first-block check runs the head block first (``after_head``), the
   hindsight check reads the error measured at the entry's last computed call.
 - computed calls measure the estimator's error when the check or the policy needs it
-  (``_measure``): what the estimator would have returned for the call, against its residual, per
+  (cache_core/measurement.py): what the estimator would have returned for the call, against its residual, per
   entry, or on the guided residual cfg * cond - (cfg - 1) * uncond for a policy that decides from
   it (the measured-error rule: the branches' errors partly cancel there, and cfg amplifies the rest).
 
@@ -30,7 +30,6 @@ forecast.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,21 +37,18 @@ from typing import Protocol
 import torch
 
 from . import history as history_ops
-from .checks import Check, HindsightCheck
+from .checks import Check
 from .history import ResidualHistory
+from .measurement import MeasuredError, measure_estimator_error, sample_rows
 from .policies import CachePolicy, EntryState
 from .schedule import RunSchedule
 from .stats import BranchStats, RunStats, branch_name
-
-# The head block's residual is compared on at most this many values per row (a strided sample),
-# so checking costs little memory on large models.
-CHECK_SAMPLES = 8192
 
 
 class Entry:
     """One conditioning entry of the run: its decision state and its kept residuals."""
 
-    __slots__ = ("branch", "head", "hindsight", "hindsight_gap", "history", "key", "signal", "state")
+    __slots__ = ("branch", "head", "history", "key", "measured", "signal", "state")
 
     def __init__(self, key: Hashable, branch: int, state: EntryState, history: ResidualHistory,
                  head: ResidualHistory | None) -> None:
@@ -62,17 +58,14 @@ class Entry:
         self.history = history
         self.head = head  # head-block residuals of the same computed calls (first-block check)
         self.signal: torch.Tensor | None = None  # TeaCache: its rows of the last call's signal
-        # Hindsight check: the estimator's relative error at the last computed call (a 0-d tensor
-        # until the next decision reads it).
-        self.hindsight: torch.Tensor | float | None = None
-        self.hindsight_gap = 0.0  # the model time the measured estimate bridged
+        self.measured = MeasuredError()  # the estimator's error at the last computed call
 
     def clear(self) -> None:
         self.history.clear()
         if self.head is not None:
             self.head.clear()
         self.signal = None
-        self.hindsight = None
+        self.measured.clear()
 
 
 @dataclass(eq=False)
@@ -123,21 +116,6 @@ class RunObserver(Protocol):
     def residual(self, step: int, branches: tuple[int, ...], residual: torch.Tensor) -> None: ...
 
 
-def sample_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
-    """[rows, n] view of ``tensor``, strided down to about CHECK_SAMPLES values per row; the
-    stride is coprime with the last dimension so every channel is sampled."""
-    flat = tensor.reshape(rows, -1)
-    stride = max(1, flat.shape[1] // CHECK_SAMPLES)
-    while stride > 1 and math.gcd(stride, tensor.shape[-1]) != 1:
-        stride += 1
-    return flat[:, ::stride]
-
-
-def relative_error(error: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """max over rows of mean|error| / mean|reference| ([rows, n] tensors): a 0-d tensor."""
-    return (error.abs().mean(dim=1) / reference.abs().mean(dim=1).float().clamp_min(1e-12)).max()
-
-
 class RunCache:
     """Decisions and residuals of one sampling run. Call ``close`` when the run ends."""
 
@@ -147,7 +125,7 @@ class RunCache:
         policy: CachePolicy,
         *,
         cache_device: torch.device | None = None,
-        measure: bool = False,
+        calibrating: bool = False,
         record_trace: bool = False,
         observer: RunObserver | None = None,
         check: Check | None = None,
@@ -159,7 +137,7 @@ class RunCache:
         self.estimator = policy.estimator
         self.cache_device = cache_device
         # Measuring runs (calibration) compute residuals every step without ever skipping.
-        self.measure = measure
+        self.calibrating = calibrating
         self.observer = observer
         if observer is not None:
             observer.start(schedule)
@@ -174,7 +152,7 @@ class RunCache:
         self.cfg = cfg if policy.measures_guided and cfg is not None and cfg != 1.0 else None
         self.refused = 0  # decisions to skip that a check turned into computing
         reason = None
-        if not (policy.can_skip or measure):
+        if not (policy.can_skip or calibrating):
             reason = policy.never_skips_because or "these settings never skip (threshold 0)"
         self.disabled_reason: str | None = reason
         self.trace: list[dict] | None = [] if record_trace else None
@@ -197,21 +175,6 @@ class RunCache:
     def runs_head_first(self) -> bool:
         """The first-block check is on: the head block runs before a call is decided."""
         return self.check is not None and self.check.runs_head_first
-
-    def _verified(self, entry: Entry, step: int) -> bool:
-        """Hindsight check: the error a skip of ``step`` would make, predicted from the error the
-        estimator made at the entry's last computed call, is within the tolerance."""
-        measured = self._read_measurement(entry)
-        gap = self.schedule.step_times[step] - entry.history.times[-1] if entry.history.count else 0.0
-        return self.check.allows(measured, entry.hindsight_gap, gap, self.estimator.error_order)
-
-    def _read_measurement(self, entry: Entry) -> float | None:
-        """The error measured at the entry's last computed call, read (the one host sync of the
-        measurement) and shown to the policy once."""
-        if isinstance(entry.hindsight, torch.Tensor):
-            entry.hindsight = float(entry.hindsight)
-            self.policy.observe(entry.state, entry.hindsight_gap, entry.hindsight)
-        return entry.hindsight
 
     def disable(self, reason: str) -> None:
         """Stop skipping for the rest of the run (logged once by the caller)."""
@@ -248,7 +211,7 @@ class RunCache:
         A policy that decides from the call's own signal (TeaCache) cannot decide ahead: then every
         branch gets a call of its own and decides there."""
         present = [index for index, keys in enumerate(branch_keys) if keys]
-        if not self.enabled or self.measure or len(present) < 2:
+        if not self.enabled or self.calibrating or len(present) < 2:
             return None
         if self.policy.uses_signal:
             return [[index] for index in present]
@@ -271,11 +234,15 @@ class RunCache:
         state = entry.state
         if state.wanted_step == step:
             return state.want
-        self._read_measurement(entry)
+        measured, fresh = entry.measured.read()
+        if fresh:
+            self.policy.observe(state, entry.measured.gap, measured)
         want = self.policy.decide(state, step, signal)
-        if want and isinstance(self.check, HindsightCheck) and not self._verified(entry, step):
-            want = state.want = False
-            self.refused += 1
+        if want and self.check is not None:
+            gap = self.schedule.step_times[step] - entry.history.times[-1] if entry.history.count else 0.0
+            if not self.check.allows_at_decision(measured, entry.measured.gap, gap, self.estimator.error_order):
+                want = state.want = False
+                self.refused += 1
         return want
 
     # The block stack ---------------------------------------------------------------------
@@ -310,11 +277,11 @@ class RunCache:
                     wants[index] = self._decide(entry, step, change)
                     if self.trace is not None:
                         self.trace.append({"step": step, "key": str(keys[index]), "branch": entry.branch,
-                                           "signal": change, "wants_skip": wants[index], "hindsight": entry.hindsight,
-                                           **entry.state.trace()})
+                                           "signal": change, "wants_skip": wants[index],
+                                           "measured": entry.measured.error, **entry.state.trace()})
 
         row_like = stack_input[:rows]
-        skip = all(wants) and not self.measure and all(e.history.fits(row_like) for e in entries)
+        skip = all(wants) and not self.calibrating and all(e.history.fits(row_like) for e in entries)
         if skip and self.runs_head_first and undecided:
             return StackCall(skip=False, entries=entries, step=step, time=time, stack_input=stack_input.clone(),
                              checking=True)
@@ -348,18 +315,14 @@ class RunCache:
         call.head_residuals = residuals
         if not call.checking:
             return call
-        errors = []
-        for entry, residual in zip(entries, residuals, strict=True):
-            head = entry.head
-            if head is None or not head.fits(residual):
-                return self._checked(call, skip=False)
-            forecast = history_ops.weighted_sum(head.residuals(), self.estimator.weights(head.times, call.time),
-                                                residual.device)
-            errors.append((forecast - residual).abs().mean() / residual.abs().mean().clamp_min(1e-12))
-        measured = torch.stack(errors).float().tolist()  # the one host sync of a check
+        heads = [entry.head for entry in entries]
+        errors = (self.check.head_errors(heads, residuals, call.time, self.estimator.weights)
+                  if all(head is not None for head in heads) else None)
+        if errors is None:
+            return self._checked(call, skip=False)
         if self.trace is not None:
-            self.trace.append({"step": call.step, "check_errors": measured})
-        skip = self.check.allows(measured)
+            self.trace.append({"step": call.step, "check_errors": errors})
+        skip = self.check.allows_after_head(errors)
         self.refused += not skip
         return self._checked(call, skip=skip)
 
@@ -428,7 +391,11 @@ class RunCache:
         residual = (torch.sub(stack_output, stack_input, out=stack_input)
                     if offloaded or self.measures_error else None)
         if self.measures_error:  # before any slot is overwritten: the estimate uses them
-            self._measure(call.entries, residual, rows, call.time)
+            # (a rule that decides from the measurement waits for one of the estimate it skips with)
+            measure_estimator_error(
+                [e.history for e in call.entries], [e.branch for e in call.entries],
+                [e.measured for e in call.entries], residual, call.time, self.estimator.weights,
+                needs_full_history=self.policy.measures_error, cfg=self.cfg)
         for index, entry in enumerate(call.entries):
             part = slice(index * rows, (index + 1) * rows)
             kept = entry.history
@@ -446,36 +413,6 @@ class RunCache:
             if self.observer is not None:
                 self.observer.residual(call.step, (entry.branch,),
                                        residual[part] if residual is not None else slot)
-
-    def _measure(self, entries: Sequence[Entry], residual: torch.Tensor, rows: int, time: float) -> None:
-        """What the estimator would have returned for this computed call, against its residual:
-        per entry (or CFG-combined), the worst row's relative L1 error, left as a 0-d tensor
-        that the next decision reads (one sync). Measured on a strided sample of each row."""
-        parts = [sample_rows(residual[i * rows:(i + 1) * rows], rows) for i in range(len(entries))]
-        errors: list[torch.Tensor | None] = []
-        for entry, part in zip(entries, parts, strict=True):
-            kept = entry.history
-            if not kept.fits(residual[:rows]) or time <= kept.times[-1] + history_ops.SAME_TIME or (
-                    self.policy.measures_error and kept.count < self.estimator.residuals_kept):
-                # (a rule that decides from the measurement waits for one of the estimate it skips with)
-                errors.append(None)
-                continue
-            entry.hindsight_gap = time - kept.times[-1]
-            anchors = [sample_rows(r, rows) for r in kept.residuals()]
-            errors.append(history_ops.weighted_sum(anchors, self.estimator.weights(kept.times, time), part.device)
-                          .sub_(part))
-        branches = [entry.branch for entry in entries]
-        if self.cfg is not None and sorted(branches) == [0, 1] and all(e is not None for e in errors):
-            cond, uncond = branches.index(0), branches.index(1)
-            scale = self.cfg
-            error = errors[cond].mul_(scale).sub_(errors[uncond], alpha=scale - 1.0)
-            guided = parts[cond].float().mul(scale).sub_(parts[uncond].float(), alpha=scale - 1.0)
-            combined = relative_error(error, guided)
-            for entry in entries:
-                entry.hindsight = combined
-            return
-        for entry, error, part in zip(entries, errors, parts, strict=True):
-            entry.hindsight = relative_error(error, part) if error is not None else None
 
     # Results -----------------------------------------------------------------------------
 

@@ -94,13 +94,13 @@ def estimator_inputs(estimator: str, check: str) -> list:
     return [
         Choice(
             "estimator", options=ESTIMATOR_OPTIONS, default=estimator, optional=True, **ADVANCED,
-            tooltip="quality custom: what a skipped step uses for the block stack's output. reuse: the last "
-            "computed residual. forecast: extrapolates the residual through the last computed steps. "
-            "damped_forecast: a forecast that leans back towards reuse over longer gaps.",
+            tooltip="quality custom: what a skipped step uses for the blocks' output. reuse: the last computed "
+            "residual. forecast: extrapolates it. damped_forecast: leans back to reuse over long gaps. "
+            "optimal_linear: weights solved from a connected calibration.",
         ),
         io.Int.Input("forecast_order", default=1, min=1, max=MAX_ORDER, optional=True, **ADVANCED,
                      tooltip="estimator forecast: 1 extrapolates a line through the last two computed steps, "
-                     "2 a parabola through three (one more residual kept per CFG branch)."),
+                     "2 a parabola through three. optimal_linear: combines order + 1 computed steps."),
         io.Float.Input("forecast_damping", default=0.5, **finite_range(0.0, 1.0), step=0.05, optional=True,
                        **ADVANCED,
                        tooltip="estimator damped_forecast: how fast the forecast's step shrinks as the gap grows. "
@@ -224,7 +224,7 @@ def check_planned(config: MagCacheConfig, calibration: Calibration | None) -> No
     if calibration is None:
         raise ValueError("ApplyMagCache: skip_rule planned needs this model's calibration: connect "
                          "MagCacheCalibrate's ratios output (or save one with it), or use skip_rule magnitude")
-    if config.error_models is None:
+    if config.error_models is None and config.estimator.build().error_model is None:
         raise ValueError(f"ApplyMagCache: the calibration of {calibration.created} has no skip errors (it was "
                          "made by an older version of this pack); calibrate again for skip_rule planned")
     if config.estimator.name == "forecast" and config.estimator.order != 1:

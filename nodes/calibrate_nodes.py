@@ -18,7 +18,7 @@ import nodes as comfy_nodes
 from comfy_api.latest import io
 
 from .. import families
-from ..cache_core import MagCacheConfig, MeasureConfig, MethodConfig, TeaCacheConfig
+from ..cache_core import CalibrationRunConfig, MagCacheConfig, MethodConfig, TeaCacheConfig
 from ..cache_core.calibration import (
     Calibration,
     CalibrationError,
@@ -71,9 +71,9 @@ def detect_variant(family: families.Family, model: object, positive: list, negat
     return family.resolve_variant(model.model, context).name
 
 
-def measure(node: str, method: type[MethodConfig], model: object, seed: int, steps: int, cfg: float,
-            sampler_name: str, scheduler: str, positive: list, negative: list, latent_image: dict, denoise: float,
-            node_id: str | None = None) -> tuple[dict, Calibration]:
+def run_calibration(node: str, method: type[MethodConfig], model: object, seed: int, steps: int, cfg: float,
+                    sampler_name: str, scheduler: str, positive: list, negative: list, latent_image: dict,
+                    denoise: float, node_id: str | None = None) -> tuple[dict, Calibration]:
     """Sample once with every step computed and measured; returns the LATENT and the calibration
     of ``method`` (a MethodConfig class with a calibration, e.g. MagCacheConfig).
 
@@ -82,7 +82,7 @@ def measure(node: str, method: type[MethodConfig], model: object, seed: int, ste
     if family is None:
         raise ValueError(f"{node}: {families.unsupported_reason(model.model)}; there is nothing to calibrate")
     recorder = ResidualRecorder(channels_last=not family.caches_in_output_space, cfg=cfg)
-    settings = CacheSettings(method=MeasureConfig(), family=family.name, node_id=node_id)
+    settings = CacheSettings(method=CalibrationRunConfig(), family=family.name, node_id=node_id)
     measuring = install(model, settings, family, observer=recorder)
     (latent,) = comfy_nodes.common_ksampler(measuring, seed, steps, cfg, sampler_name, scheduler, positive,
                                             negative, latent_image, denoise=denoise)
@@ -90,7 +90,7 @@ def measure(node: str, method: type[MethodConfig], model: object, seed: int, ste
         raise ValueError(f"{node}: the sampler never ran the model, so nothing was measured")
     recorder.finish()
     variant = detect_variant(family, model, positive, negative, latent_image, steps)
-    measures = tuple(recorder.measures)
+    records = tuple(recorder.records)
     schedule = ScheduleInfo(
         steps=recorder.schedule.steps, sampler=sampler_name, scheduler=scheduler, denoise=denoise,
         progress=recorder.schedule.progress[:-1],
@@ -99,8 +99,8 @@ def measure(node: str, method: type[MethodConfig], model: object, seed: int, ste
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
         calibration = Calibration(method=method.calibration_method, model=identity, schedule=schedule,
-                                  measures=measures, created=created, skip_errors=tuple(recorder.skip_errors),
-                                  cfg=cfg, **method.fitted(measures))
+                                  records=records, created=created, skip_errors=tuple(recorder.skip_errors),
+                                  cfg=cfg, moments=recorder.moments(), **method.fitted(records))
         method.check_calibration(calibration)
     except CalibrationError as error:
         raise ValueError(f"{node}: the measurement cannot be used: {error}") from error
@@ -145,8 +145,9 @@ class MagCacheCalibrate(io.ComfyNode):
     def execute(cls, model: object, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
                 positive: list, negative: list, latent_image: dict, denoise: float,
                 save_calibration: bool) -> io.NodeOutput:
-        latent, calibration = measure("MagCacheCalibrate", MagCacheConfig, model, seed, steps, cfg, sampler_name,
-                                      scheduler, positive, negative, latent_image, denoise, node_id_of(cls))
+        latent, calibration = run_calibration("MagCacheCalibrate", MagCacheConfig, model, seed, steps, cfg,
+                                              sampler_name, scheduler, positive, negative, latent_image, denoise,
+                                              node_id_of(cls))
         report, ui = finish("MagCacheCalibrate", calibration, save_calibration)
         return io.NodeOutput(latent, calibration, report, ui=ui)
 
@@ -178,8 +179,9 @@ class TeaCacheCalibrate(io.ComfyNode):
     def execute(cls, model: object, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
                 positive: list, negative: list, latent_image: dict, denoise: float, save_calibration: bool,
                 add_to: Calibration | None = None) -> io.NodeOutput:
-        latent, calibration = measure("TeaCacheCalibrate", TeaCacheConfig, model, seed, steps, cfg, sampler_name,
-                                      scheduler, positive, negative, latent_image, denoise, node_id_of(cls))
+        latent, calibration = run_calibration("TeaCacheCalibrate", TeaCacheConfig, model, seed, steps, cfg,
+                                              sampler_name, scheduler, positive, negative, latent_image, denoise,
+                                              node_id_of(cls))
         if add_to is not None:
             calibration = merge("TeaCacheCalibrate", add_to, calibration)
         report, ui = finish("TeaCacheCalibrate", calibration, save_calibration)

@@ -350,7 +350,7 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
                     "this family; it is off for this model", family.name)
         check = None
     cache = RunCache(
-        schedule, policy, cache_device=resolve_cache_device(settings.cache_device), measure=method.measures,
+        schedule, policy, cache_device=resolve_cache_device(settings.cache_device), calibrating=method.calibrates,
         record_trace=settings.record_trace, observer=observer, check=check,
         head_cost=1.0 / blocks if blocks else 0.0, cfg=guidance_scale(guider),
     )
@@ -371,7 +371,7 @@ def guidance_scale(guider: Any) -> float | None:
 
 def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedule) -> str | None:
     """Runs where skipping would be wrong or pointless sample uncached, with one logged reason."""
-    if settings.method.measures:
+    if settings.method.calibrates:
         return None
     if schedule.steps < MIN_STEPS_TO_CACHE:
         return f"only {schedule.steps} steps: skipping would cost quality for little time"

@@ -527,7 +527,7 @@ def test_calibrate_node_shows_its_run_and_plots_the_measured_ratios(frontend, ui
     runs = {run["node"]: run for run in ui_server.get(f"/stepcache/stats?prompt_id={prompt_id}")}
     assert sorted(runs) == sorted([str(calibrate), str(cache)]), runs
     measured = runs[str(calibrate)]
-    assert measured["method"] == "measure"
+    assert measured["method"] == "calibration"
 
     frontend.focus(calibrate)
     shown = frontend.panel(calibrate, "!!e.querySelector('canvas.stepcache-ratio-plot')"
@@ -597,7 +597,7 @@ def test_every_example_is_queued_as_its_api_twin_and_keeps_its_panels_uncovered(
                     showStats(node, { ...stats, node: String(node.id) });
                     count++;
                 } else if (["MagCacheCalibrate", "TeaCacheCalibrate"].includes(node.type)) {
-                    showStats(node, { ...stats, node: String(node.id), method: "measure" });
+                    showStats(node, { ...stats, node: String(node.id), method: "calibration" });
                     showRatios(node, ratios);
                     count++;
                 }

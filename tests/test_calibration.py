@@ -33,7 +33,7 @@ def test_calibrating_is_sampling_plus_measuring(host, flux):
     assert "cond ratios: 1.00000" in report and "uncond ratios" in report
     # Deterministic for a fixed seed.
     _, again, _ = calibrate(host, "MagCacheCalibrate", flux, job)
-    assert again.measures == calibration.measures
+    assert again.records == calibration.records
 
 
 def test_measured_ratios_drive_applymagcache_at_any_step_count(host, flux):
@@ -277,7 +277,7 @@ def test_a_calibration_run_reports_under_its_node_like_any_run(server, node_name
         received = events.wait_for(1)
 
     (run,) = server.get(f"/stepcache/stats?prompt_id={prompt_id}")
-    assert run["node"] == "calibrate" and run["method"] == "measure", run
+    assert run["node"] == "calibrate" and run["method"] == "calibration", run
     assert run["steps"] == 10 and run["calls_skipped"] == 0 and run["label"].startswith("flux / ")
     (event,) = received
     assert event["node"] == "calibrate" and event["prompt_id"] == prompt_id

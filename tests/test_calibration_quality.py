@@ -12,6 +12,8 @@ pack's own statistics) and the worst-case PSNR of the decoded images against the
   polynomial (chosen by name: the model has FLUX.1's architecture, not its size): among points
   skipping at least half of the evaluations, its
   best worst-case PSNR is strictly higher.
+- optimal_linear: the calibration's residual moments give weights that predict other prompts'
+  residuals better than the damped forecast (more skips at the same measured-error tolerance).
 - MagCache: the calibration beats running without one, for a model that has no published table:
   it keeps worst-case PSNR >= 30 dB while skipping >= 10% of the evaluations. And the
   direction-aware error that a calibration enables (the residual's measured turning, not only its
@@ -74,23 +76,23 @@ def ctx(host):
                                      latent)[0]["samples"]
 
     references = {seed: pixels.latent_to_image(run(model, EVAL_CLASSES, seed)) for seed in EVAL_SEEDS}
-    measure = host.pack_module("nodes.calibrate_nodes").measure
+    run_calibration = host.pack_module("nodes.calibrate_nodes").run_calibration
     calibrated_methods = host.pack_module("cache_core.methods").CALIBRATED_METHODS
     calibrations = {}
     for method in SWEEPS:
         positive = models.conditioning("image", CALIBRATION_CLASSES)
         negative = models.conditioning("image", None, len(CALIBRATION_CLASSES))
         latent = models.empty_latent("image", len(CALIBRATION_CLASSES))
-        _, calibrations[method] = measure("test", calibrated_methods[method], model, CALIBRATION_SEED, STEPS, CFG,
-                                          SAMPLER, SCHEDULER,
-                                          positive, negative, latent, 1.0)
+        _, calibrations[method] = run_calibration("test", calibrated_methods[method], model, CALIBRATION_SEED,
+                                                  STEPS, CFG, SAMPLER, SCHEDULER, positive, negative, latent, 1.0)
     return SimpleNamespace(model=model, run=run, decode=pixels.latent_to_image, references=references,
                            calibrations=calibrations, sampling=sampling,
                            installed=host.pack_module("nodes.runtime").installed_settings)
 
 
-def sweep(ctx, method: str, calibration: object | None) -> list[Point]:
-    thresholds, fixed = SWEEPS[method]
+def sweep(ctx, method: str, calibration: object | None, settings: tuple[list[float], dict] | None = None
+          ) -> list[Point]:
+    thresholds, fixed = settings or SWEEPS[method]
     points = []
     for threshold in thresholds:
         inputs = {**fixed, "threshold": threshold}
@@ -155,3 +157,24 @@ def test_magcache_calibration_caches_at_30_db_and_its_directions_pay_off(ctx):
     at_30_db = [p.skipped for p in sweeps["calibrated"] if p.worst_psnr >= 30.0]
     assert max(at_30_db, default=0.0) >= 0.10, f"the calibration does not cache at 30 dB{describe(sweeps)}"
     assert_beats(sweeps, "calibrated", "magnitudes only", 0.3)
+
+
+# The measured-error rule (it skips while the error measured in this run stays within the tolerance),
+# so two estimators compare by how well they predict this run's residuals.
+MEASURED_RULE = {"skip_rule": "measured", "max_consecutive_skips": 3, "retention_ratio": 0.25}
+
+
+def test_optimal_linear_weights_from_the_calibration_beat_the_damped_forecast(ctx):
+    """The calibration's residual moments (made on other prompts and a seed of their own) give
+    least-squares weights that predict this run's residuals better than the damped forecast: at
+    the same tolerance of the measured-error rule they skip more, and among settings skipping at
+    least 40% of the block-stack evaluations the best worst-case PSNR is higher."""
+    calibration = ctx.calibrations["magcache"]
+    tolerances = [0.1, 0.15, 0.2]
+    sweeps = {
+        estimator: sweep(ctx, "magcache", calibration, (tolerances, {**MEASURED_RULE, "estimator": estimator}))
+        for estimator in ("optimal_linear", "damped_forecast")
+    }
+    for fitted, damped in zip(sweeps["optimal_linear"], sweeps["damped_forecast"], strict=True):
+        assert fitted.skipped > damped.skipped, f"optimal_linear does not skip more{describe(sweeps)}"
+    assert_beats(sweeps, "optimal_linear", "damped_forecast", 0.4)

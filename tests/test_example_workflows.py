@@ -341,7 +341,7 @@ def test_api_workflow_runs_on_the_server_with_tiny_models(path, server, host):
     assert sinks and all(out["finite"] == [True] for out in sinks)
 
     runs = server.get(f"/stepcache/stats?prompt_id={prompt_id}")
-    cached = [run for run in runs if run["method"] != "measure"]  # a calibration run never skips
+    cached = [run for run in runs if run["method"] != "calibration"]  # a calibration run never skips
     assert sorted(run["node"] for run in cached) == sorted(cache_ids), runs
     for run in cached:
         assert run["disabled_reason"] is None, run
@@ -361,4 +361,4 @@ def test_api_workflow_runs_on_the_server_with_tiny_models(path, server, host):
             assert run["constants"].startswith("published ") and run["constants"].endswith(
                 ", chosen with the variant input"), run
     if any(node["class_type"] == "MagCacheCalibrate" for node in graph.values()):
-        assert [run["method"] for run in runs].count("measure") == 1
+        assert [run["method"] for run in runs].count("calibration") == 1

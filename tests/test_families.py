@@ -55,7 +55,7 @@ def test_measuring_every_residual_leaves_the_output_bit_identical(baselines, tin
     from harness.sampling import Job, install, stats
 
     model, expected = baselines[family]
-    patched, node_id = install(model, "measure")
+    patched, node_id = install(model, "calibration")
     assert torch.equal(Job(family).run(patched), expected)
     run_stats = stats(node_id)
     assert run_stats["calls_skipped"] == 0 and run_stats["calls_computed"] == 12

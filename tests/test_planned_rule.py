@@ -31,7 +31,21 @@ def test_a_calibration_measures_what_skipping_costs_on_the_guided_residual(calib
         assert model is not None and 0.0 < model.alpha < 4.0
 
 
-@pytest.mark.parametrize("estimator", ["reuse", "forecast"])
+def test_a_calibration_measures_the_residual_paths_moments_at_every_step(calibration):
+    """The second moments of the guided residual between every pair of steps: a valid Gram matrix
+    over the calibrated schedule, from which the optimal_linear weights are solved."""
+    import numpy as np
+
+    moments = calibration.moments
+    assert moments is not None and moments.validate() is None
+    assert moments.progress == calibration.schedule.progress
+    gram = moments.gram(moments.progress)
+    assert np.all(np.linalg.eigvalsh(gram) > -1e-9) and np.all(np.diag(gram) > 0.0)
+    weights, error = moments.predict(moments.progress[8:10], moments.progress[10])
+    assert len(weights) == 2 and 0.0 <= error < 1.0
+
+
+@pytest.mark.parametrize("estimator", ["reuse", "forecast", "optimal_linear"])
 def test_runs_skip_the_planned_steps_at_any_step_count(host, flux, calibration, estimator):
     from harness.sampling import Job, apply, stats
 

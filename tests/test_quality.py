@@ -166,8 +166,8 @@ def test_a_saved_calibration_made_worse_on_purpose_changes_nothing_at_a_level(ho
     _, calibration, _ = calibrate("MagCacheCalibrate", model, job, save=True)
     path = store.calibration_path("magcache", calibration.model)
     data = json.loads(path.read_text())
-    for measure in data["measures"]:
-        measure["magnitude_ratio"], measure["cosine_distance"] = 1.0, 0.0
+    for record in data["measures"]:
+        record["magnitude_ratio"], record["cosine_distance"] = 1.0, 0.0
     path.write_text(json.dumps(data))
     try:
         custom, node_id = apply(model, "magcache", threshold=0.05, max_consecutive_skips=100, retention_ratio=0.0,

@@ -158,7 +158,7 @@ def test_every_api_example_workflow_runs_with_the_cache(server, path):
     entry = server.wait(prompt_id, timeout=300)
     assert entry["status"]["status_str"] == "success", entry["status"]
     runs = server.get(f"/stepcache/stats?prompt_id={prompt_id}")
-    cached = [run for run in runs if run["method"] != "measure"]  # calibration runs never skip
+    cached = [run for run in runs if run["method"] != "calibration"]  # calibration runs never skip
     assert cached and all(run["disabled_reason"] is None for run in runs)
     assert all(run["calls_skipped"] > 0 for run in cached)
 

@@ -85,7 +85,7 @@ function resize(node) {
 export function showStats(node, stats) {
   const content = section(node, "stats");
   content.replaceChildren();
-  if (stats.method === "measure") {
+  if (stats.method === "calibration") {
     // A calibration run computes every step: what it measured, not what it skipped.
     const branches = stats.branches.map((b) => b.branch).join(" / ");
     content.appendChild(line(`calibration run: ${stats.steps} steps measured (${branches})`));

@@ -22,16 +22,19 @@ class Variant:
     branches: str = "together"
     check: str = "off"  # "off" | "hindsight" | "first_block"
     tolerance: float = 0.1
-    rule: str = "magnitude"  # ApplyMagCache skip_rule: "magnitude" | "planned" (calibrated constants only)
+    # ApplyMagCache skip_rule: "magnitude" | "planned" (calibrated constants only) | "measured"
+    rule: str = "magnitude"
 
     @property
     def suffix(self) -> str:
         """How a method line names it ("" for the published method: reuse, no check)."""
-        parts = ["planned"] if self.rule == "planned" else []
+        parts = [self.rule] if self.rule != "magnitude" else []
         if self.estimator == "forecast":
             parts.append(f"forecast o{self.order}")
         elif self.estimator == "damped_forecast":
             parts.append(f"damped {self.damping:g}")
+        elif self.estimator != "reuse":
+            parts.append(self.estimator.replace("_", " "))
         if self.branches == "separate":
             parts.append("separate CFG")
         if self.check != "off":
@@ -45,7 +48,7 @@ class Variant:
 
 
 def parse_variant(spec: str) -> Variant:
-    """``reuse|forecast|damped_forecast[,o=N][,d=X][,separate][,hindsight=X|,first_block=X][,planned]``,
+    """``<estimator>[,o=N][,d=X][,separate][,hindsight=X|,first_block=X][,planned|,measured]``,
     e.g. ``damped_forecast,d=0.3,separate,hindsight=0.05`` or ``forecast,planned``."""
     name, *options = [token.strip() for token in spec.split(",")]
     if name not in harness_sampling.pack("cache_core.estimators").ESTIMATORS:
@@ -59,8 +62,8 @@ def parse_variant(spec: str) -> Variant:
             fields["damping"] = float(value)
         elif key == "separate":
             fields["branches"] = "separate"
-        elif key == "planned":
-            fields["rule"] = "planned"
+        elif key in ("planned", "measured"):
+            fields["rule"] = key
         elif key in ("hindsight", "first_block"):
             fields["check"] = key
             fields["tolerance"] = float(value)

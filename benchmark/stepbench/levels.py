@@ -29,7 +29,7 @@ NATIVE_THRESHOLDS = (0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5)
 START, END = "<!-- levels:start -->", "<!-- levels:end -->"
 
 
-def measure(bench: Bench, model: Any, node_id: str | None, config: Config, setting: SamplerSetting,
+def run_setting(bench: Bench, model: Any, node_id: str | None, config: Config, setting: SamplerSetting,
             references: dict) -> dict:
     """Rows speedup, worst and mean PSNR, and the first pair's skip pattern, over the pairs."""
     psnrs: list[float] = []
@@ -59,7 +59,8 @@ def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[
             cell: dict = {"kind": kind, "setting": setting.key, "levels": {}, "native": {}}
             for name in levels:
                 model, node_id = harness_sampling.apply(bench.base.clone(), "magcache", quality=name)
-                cell["levels"][name] = result = measure(bench, model, node_id, Config("magcache"), setting, references)
+                result = run_setting(bench, model, node_id, Config("magcache"), setting, references)
+                cell["levels"][name] = result
                 progress(f"{kind} {setting.key} {name}: {result['rows']:.2f}x, {result['worst']:.2f} / "
                          f"{result['mean']:.2f} dB")
             for method in ("easycache", "lazycache"):
@@ -67,7 +68,7 @@ def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[
                 for threshold in NATIVE_THRESHOLDS:
                     config = Config(method, threshold=threshold)
                     model, _ = bench.build(config, {})
-                    result = {"threshold": threshold, **measure(bench, model, None, config, setting, references)}
+                    result = {"threshold": threshold, **run_setting(bench, model, None, config, setting, references)}
                     cell["native"][method].append(result)
                     progress(f"{kind} {setting.key} {method} {threshold}: {result['rows']:.2f}x, "
                              f"{result['worst']:.2f} dB")

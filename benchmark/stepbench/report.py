@@ -283,7 +283,7 @@ def markdown(data: dict, tgt: dict, plot_name: str) -> str:
         f"- **Evaluation**: classes {plan['classes']} x seeds {plan['seeds']}, batch {plan['batch']} "
         f"({plan['images']} images or videos per configuration); quality against the uncached output of the same "
         "class and seed.",
-        "- **Calibration** (once per model and sampler setting, not saved to disk): `measure()` of "
+        "- **Calibration** (once per model and sampler setting, not saved to disk): `run_calibration()` of "
         "MagCacheCalibrate / "
         f"TeaCacheCalibrate on a batch of classes {plan['calibration_classes']}, seed {plan['calibration_seed']} "
         "(disjoint from the evaluation seeds" + ("" if not plan["notes"] else "; " + "; ".join(plan["notes"])) + ").",

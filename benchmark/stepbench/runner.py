@@ -227,7 +227,7 @@ class Bench:
         latent = self.models.empty_latent(self.kind, len(classes))
         config = pack("cache_core.methods").CALIBRATED_METHODS[method]
         start = time.perf_counter()
-        _, calibration = self.calibrate_nodes.measure(
+        _, calibration = self.calibrate_nodes.run_calibration(
             config.calibrate_node, config, self.base, seed, setting.steps, setting.cfg, setting.sampler,
             setting.scheduler, positive, negative, latent, 1.0)
         return calibration, time.perf_counter() - start

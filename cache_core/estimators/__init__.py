@@ -12,10 +12,12 @@ from __future__ import annotations
 from .base import Estimator, EstimatorSpec, lagrange_weights
 from .damped import DampedEstimator, damped_gain
 from .forecast import MAX_ORDER, ForecastEstimator
+from .optimal_linear import OptimalLinearEstimator
 from .reuse import ReuseEstimator
 
 ESTIMATORS: dict[str, type[Estimator]] = {
-    estimator.name: estimator for estimator in (ReuseEstimator, ForecastEstimator, DampedEstimator)
+    estimator.name: estimator
+    for estimator in (ReuseEstimator, ForecastEstimator, DampedEstimator, OptimalLinearEstimator)
 }
 
 
@@ -38,6 +40,7 @@ __all__ = [
     "Estimator",
     "EstimatorSpec",
     "ForecastEstimator",
+    "OptimalLinearEstimator",
     "ReuseEstimator",
     "build",
     "damped_gain",

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from ..moments import ResidualMoments
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class EstimatorSpec:
     name: str = "reuse"
     order: int = 1  # forecast only
     damping: float = 0.5  # damped_forecast only
+    # optimal_linear only: a calibration's residual moments (set from the connected calibration).
+    moments: ResidualMoments | None = field(default=None, repr=False, compare=False)
 
     def build(self) -> Estimator:
         from . import build  # the registry (estimators/__init__.py)
@@ -55,6 +60,12 @@ class Estimator(ABC):
     def planned_model(self) -> int | None:
         """Which of a calibration's error models the planned rule charges this estimator with:
         reuse's (0), a first-order forecast's (1), or None where it has none."""
+        return None
+
+    @property
+    def error_model(self) -> object | None:
+        """An error model of its own for the planned rule (planning.plan_skips: ``order`` and
+        ``error(target, anchors)``), used before the calibration's fitted ones; None: none."""
         return None
 
     @property

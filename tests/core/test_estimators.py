@@ -278,7 +278,7 @@ def test_no_branch_keeps_more_than_order_plus_one_residuals(core):
     for name, order, bound in (("reuse", 1, 1), ("forecast", 1, 2), ("forecast", 2, 3), ("damped_forecast", 1, 2)):
         policy = core.policies.NeverSkipPolicy(schedule)
         policy.estimator = core.EstimatorSpec(name, order=order).build()
-        cache = core.RunCache(schedule, policy, measure=True)
+        cache = core.RunCache(schedule, policy, calibrating=True)
         for step in range(steps):
             layouts = [(("c", "u"), (0, 1))] if step % 3 else [(("c",), (0,)), (("u",), (1,))]
             for keys, branches in layouts:
@@ -331,20 +331,26 @@ def test_the_hindsight_check_refuses_a_skip_after_a_wrong_estimate(core, jump, p
     (entry,) = cache._entries.values()
     stats = cache.close()
     assert stats.branches[0].pattern == pattern and stats.refused == refused and stats.check == "hindsight"
-    assert entry.hindsight is None  # freed with the run
+    assert entry.measured.error is None  # freed with the run
 
 
 def test_the_hindsight_check_scales_the_measured_error_to_the_gap(core):
     """The error measured over one gap predicts a skip's error over another by the estimator's
     order of error: reuse errs in proportion to the gap, a first-order forecast to its square."""
-    steps = 10
-    schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
-    for name, allowed_two_steps_on in (("reuse", True), ("forecast", False)):
-        cache = magcache_run(core, schedule, name, check=core.checks.HindsightCheck(0.1))
-        entry = cache._entry("c", 0)
-        slot = entry.history.slot_for(torch.zeros(1), 0.3)
-        entry.history.commit(slot, 0.3)
-        entry.hindsight, entry.hindsight_gap = torch.tensor(0.03), 0.1  # measured over one step
-        assert cache._verified(entry, 4)  # one step on: 0.03
-        assert cache._verified(entry, 5) is allowed_two_steps_on  # two: 0.06 (reuse) or 0.12 (forecast)
-        assert isinstance(entry.hindsight, float)  # read once
+    check = core.checks.HindsightCheck(0.1)
+    for order, allowed_two_steps_on in ((1, True), (2, False)):  # reuse, forecast
+        assert check.allows_at_decision(0.03, 0.1, 0.1, order)  # one step on: 0.03
+        # two steps on: 0.06 (reuse) or 0.12 (forecast)
+        assert check.allows_at_decision(0.03, 0.1, 0.2, order) is allowed_two_steps_on
+    assert check.allows_at_decision(None, 0.0, 0.2, 2)  # nothing measured yet
+    assert core.checks.FirstBlockCheck(0.1).allows_at_decision(5.0, 0.1, 0.2, 2)  # not its point
+
+
+def test_a_measured_error_is_read_once(core):
+    """The measurement stays a tensor until the next decision reads it (the one host sync), and
+    that read is the only one reported fresh, so the policy observes each measurement once."""
+    measured = core.measurement.MeasuredError()
+    assert measured.read() == (None, False)
+    measured.error = torch.tensor(0.25)
+    assert measured.read() == (0.25, True)
+    assert measured.read() == (0.25, False)

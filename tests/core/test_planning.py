@@ -124,12 +124,12 @@ def test_the_recorder_measures_skip_errors_on_the_cfg_combined_residual(core, ca
 
 def test_a_calibration_keeps_its_skip_errors_through_json_and_old_ones_still_load(core, calibration):
     progress = tuple(i / 12 for i in range(12))
-    measures = tuple(calibration.StepMeasure(step=s, branch=0, magnitude_ratio=1.0, ratio_spread=0.0,
+    records = tuple(calibration.StepRecord(step=s, branch=0, magnitude_ratio=1.0, ratio_spread=0.0,
                                              cosine_distance=0.01, residual_change=0.1) for s in range(1, 12))
     errors = tuple(synthetic_errors(core.planning, progress, lambda p: 1.0, 1.0, 0.1))
     made = calibration.Calibration(
         method="magcache", model=calibration.ModelIdentity("flux", "flux", "Flux", 64, "f" * 64),
-        schedule=calibration.ScheduleInfo(12, "euler", "simple", 1.0, progress), measures=measures,
+        schedule=calibration.ScheduleInfo(12, "euler", "simple", 1.0, progress), records=records,
         skip_errors=errors, cfg=4.0)
     again = calibration.Calibration.from_json(made.to_json())
     assert again.skip_errors == errors and again.cfg == 4.0

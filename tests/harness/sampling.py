@@ -153,14 +153,14 @@ def published_variant(model: Any, method: str = "magcache") -> str:
 
 def install(model: Any, method: str, **settings: Any) -> tuple[Any, str]:
     """Install with explicit settings (tests that need knobs the nodes do not expose): ``method``
-    "teacache", "magcache" or "measure" (a calibration's run, without a recorder), keywords of its
+    "teacache", "magcache" or "calibration" (a calibration's run, without a recorder), keywords of its
     cache_core.methods config or of CacheSettings."""
     runtime = pack("nodes.runtime")
     methods = pack("cache_core.methods")
     family = pack("families").family_for(model.model)
     node_id = f"test-{next(_node_ids)}"
     config_class = {"teacache": methods.TeaCacheConfig, "magcache": methods.MagCacheConfig,
-                    "measure": methods.MeasureConfig}[method]
+                    "calibration": methods.CalibrationRunConfig}[method]
     run_settings = {k: settings.pop(k) for k in RUN_SETTINGS if k in settings}
     cache_settings = runtime.CacheSettings(method=config_class(**settings), family=family.name, node_id=node_id,
                                            **run_settings)
