@@ -21,14 +21,15 @@ from .hunyuan_video import HUNYUAN_VIDEO
 from .joyimage import JOYIMAGE
 from .lens import LENS
 from .ltxv import LTXV
+from .mochi import MOCHI
 from .output_space import AURAFLOW, COGVIDEOX, COSMOS, HIDREAM, KANDINSKY5, KREA2, LUMINA2, PIXELDIT
 from .qwen_image import QWEN_IMAGE
 from .sd3 import SD3
 from .wan import WAN
 
 FAMILIES: tuple[Family, ...] = (
-    FLUX, FLUX2, CHROMA, WAN, HUNYUAN_VIDEO, QWEN_IMAGE, LTXV, SD3, LENS, JOYIMAGE, LUMINA2, HIDREAM, COSMOS,
-    KANDINSKY5, KREA2, PIXELDIT, COGVIDEOX, AURAFLOW,
+    FLUX, FLUX2, CHROMA, WAN, HUNYUAN_VIDEO, QWEN_IMAGE, LTXV, SD3, LENS, JOYIMAGE, MOCHI, LUMINA2, HIDREAM,
+    COSMOS, KANDINSKY5, KREA2, PIXELDIT, COGVIDEOX, AURAFLOW,
 )
 
 _UNET = "a UNet"
@@ -62,7 +63,6 @@ UNSUPPORTED: dict[str, str] = {
     "HiDreamO1": "its transformer is a Qwen3-VL language model run on token ids with its own prompt KV "
                  "cache; " + _NOT_YET,
     "PiD": "a pixel decoder / upscaler of other models' latents; " + _NOT_YET,
-    "GenmoMochi": _NOT_YET,
 }
 
 _BY_CLASS = {name: family for family in FAMILIES for name in family.model_classes}

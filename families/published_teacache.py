@@ -30,6 +30,12 @@ LTXV = TeaCacheCoefficients(
     (2.14700694e01, -1.28016453e01, 2.31279151e00, 7.92487521e-01, 9.69274326e-03),
     source=f"{_TEACACHE} TeaCache4LTX-Video/teacache_ltx.py:L72",
 )
+# Signal: first block's modulated video input, rms_norm(x) * (1 + scale) (no shift), fitted at 64
+# steps on mochi-1-preview (diffusers' MochiTransformer3DModel, the same block as ComfyUI's).
+MOCHI = TeaCacheCoefficients(
+    (-3.51241319e03, 8.11675948e02, -6.09400215e01, 2.42429681e00, 3.05291719e-03),
+    source=f"{_TEACACHE} TeaCache4Mochi/teacache_mochi.py:L70",
+)
 # Wan 2.1 "ret" (retention) mode: signal e0, the projected time modulation that ComfyUI hands the
 # blocks as ``vec``; the reference script always computes the first 5 of 50 steps.
 WAN21_T2V_1_3B = TeaCacheCoefficients(

@@ -87,7 +87,7 @@ def test_a_node_id_taken_by_another_pack_is_reported(host, monkeypatch, caplog):
 EVER_OFFERED_VARIANTS = {
     "ApplyTeaCache": ["auto", "flux.1-dev", "flux.1-schnell", "flux.1-kontext", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b",
                       "wan2.1-i2v-480p", "wan2.1-i2v-720p", "wan2.1-vace-1.3b", "wan2.1-vace-14b",
-                      "hunyuanvideo-720p", "hunyuanvideo-544p", "ltx-video"],
+                      "hunyuanvideo-720p", "hunyuanvideo-544p", "ltx-video", "mochi-1-preview"],
     "ApplyMagCache": ["auto", "flux.1-dev", "flux.1-schnell", "flux.1-kontext", "chroma", "wan2.1-t2v-1.3b",
                       "wan2.1-t2v-14b", "wan2.1-i2v-480p", "wan2.1-i2v-720p", "wan2.1-vace-1.3b", "wan2.1-vace-14b",
                       "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b-t2v", "wan2.2-ti2v-5b-i2v",

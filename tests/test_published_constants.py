@@ -51,6 +51,9 @@ FULL_SIZE = {
                               "cross_attention_dim": 2048, "caption_channels": 4096}, None),
     "LTX-Video-13B": ("ltxv", {"num_layers": 48, "num_attention_heads": 32, "attention_head_dim": 128,
                                "cross_attention_dim": 4096, "caption_channels": 4096}, None),
+    # What detection fills for every Mochi checkpoint; the tiny template's overlay shrinks it.
+    "Mochi-1-preview": ("mochi", {"depth": 48, "num_heads": 24, "hidden_size_x": 3072, "hidden_size_y": 1536,
+                                  "mlp_ratio_x": 4.0, "t5_feat_dim": 4096}, None),
 }
 
 LATENT_480P = (1, 16, 21, 60, 104)
@@ -84,6 +87,7 @@ EXPECTED = [
     ("Qwen-Image", {"conds": REFERENCE}, "qwen-image-edit"),
     ("LTX-Video-2B", {}, "ltx-video"),
     ("LTX-Video-13B", {}, "ltxv-architecture"),
+    ("Mochi-1-preview", {}, "mochi-1-preview"),
 ]
 
 

@@ -408,8 +408,9 @@ register(TinyFamily(
 ))
 
 
-def _ltxv_extra(batch: int, tokens: int, gen: torch.Generator) -> dict:
-    # LTXVModel.forward takes attention_mask positionally, so the T5 mask is required.
+def _t5_mask(batch: int, tokens: int, gen: torch.Generator) -> dict:
+    # LTXVModel.forward and Mochi's AsymmDiTJoint.forward take attention_mask positionally, so the
+    # T5 mask is required (Mochi pools its text with it; ComfyUI sums it into num_tokens).
     return {"attention_mask": torch.ones(batch, tokens, dtype=torch.long)}
 
 
@@ -419,7 +420,18 @@ register(TinyFamily(
     name="ltxv",
     config_class="LTXV",
     family="ltxv", variant="ltxv-architecture",
-    latent_channels=128, latent_spatial=(2, 4, 4), context_dim=64, extra_cond=_ltxv_extra,
+    latent_channels=128, latent_spatial=(2, 4, 4), context_dim=64, extra_cond=_t5_mask,
+))
+
+# Genmo Mochi: asymmetric dual-stream blocks (text half as wide as video; the last block leaves the
+# text as it is) on a 12-channel video latent. ComfyUI's detection reads no sizes for Mochi, and its
+# block asserts width x mlp_ratio_x = 12288 (3072 x 4 in the real model), so the overlay holds the
+# sizes and mlp_ratio_x 192 at width 64 (an 8192-wide feed-forward, most of the 3.3 M weights).
+register(TinyFamily(
+    name="mochi",
+    config_class="GenmoMochi",
+    family="mochi", variant="mochi-architecture",
+    latent_channels=12, latent_spatial=(3, 8, 8), context_dim=64, extra_cond=_t5_mask,
 ))
 
 # --- Wan ------------------------------------------------------------------------------------
