@@ -354,7 +354,7 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
         record_trace=settings.record_trace, observer=observer, check=check,
         head_cost=1.0 / blocks if blocks else 0.0, cfg=guidance_scale(guider),
     )
-    reason = reason_not_to_skip(settings, guider, schedule)
+    reason = reason_not_to_skip(settings, guider, schedule) or replaced_hook(guider, family, model.diffusion_model)
     if reason is not None:
         cache.disable(reason)
     use_signal = policy.uses_signal and cache.enabled
@@ -388,6 +388,19 @@ def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedu
         if guider.model_patcher.get_wrappers(WrappersMP.OUTER_SAMPLE, key):
             return (f"ComfyUI's {name} is also on this model: two step caches would reuse each other's "
                     f"stale outputs; remove one of them")
+    return None
+
+
+def replaced_hook(guider: Any, family: families.Family, diffusion_model: torch.nn.Module) -> str | None:
+    """A block whose hook another node replaced after the Apply node (its own patch on the same
+    block): the cache would not see that block, so a skip could drop the patch's effect or return a
+    stale output. Such a run computes every step. (A patch put on before Apply is chained: it runs
+    on every computed step, inside the cached residual.)"""
+    patches = guider.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
+    for kind, index in family.block_keys(diffusion_model):
+        if not isinstance(patches.get((kind, index)), BlockHook):
+            return (f"another node replaced the cache's hook on {kind} {index} after the Apply node; "
+                    "place the Apply node after it, so its patch runs inside the cache")
     return None
 
 

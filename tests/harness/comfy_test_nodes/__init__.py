@@ -91,9 +91,53 @@ class LatentSink(io.ComfyNode):
                                  "finite": [bool(latent.isfinite().all())]})
 
 
+class ShiftingBlockPatch:
+    """Another pack's block patch, as PuLID- or IP-Adapter-style packs put them on: it runs the
+    block and then mixes its image stream's channels (adds ``strength`` times the stream with its
+    channels reversed, which no later normalisation removes), counting its calls."""
+
+    def __init__(self, strength: float) -> None:
+        self.strength = strength
+        self.calls = 0
+
+    def __deepcopy__(self, memo: dict) -> ShiftingBlockPatch:
+        return self  # ComfyUI copies model options (0.3.75): keep one counter per patch
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        self.calls += 1
+        out = dict(extra["original_block"](args))
+        img = out["img"]
+        out["img"] = img + self.strength * img.flip(-1)
+        return out
+
+
+class BlockPatch(io.ComfyNode):
+    """Puts a ``ShiftingBlockPatch`` on one block of the model (``patches_replace["dit"]``)."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StepCacheTestBlockPatch",
+            category="stepcache/testing",
+            inputs=[
+                io.Model.Input("model"),
+                io.Combo.Input("kind", options=["double_block", "single_block"]),
+                io.Int.Input("index", default=0, min=0, max=63),
+                io.Float.Input("strength", default=0.5, min=-4.0, max=4.0),
+            ],
+            outputs=[io.Model.Output()],
+        )
+
+    @classmethod
+    def execute(cls, model: object, kind: str, index: int, strength: float) -> io.NodeOutput:
+        patched = model.clone()
+        patched.set_model_patch_replace(ShiftingBlockPatch(strength), "dit", kind, index)
+        return io.NodeOutput(patched)
+
+
 class TestNodes(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [TinyModel, TinyConditioning, TinyLatent, LatentSink]
+        return [TinyModel, TinyConditioning, TinyLatent, LatentSink, BlockPatch]
 
 
 async def comfy_entrypoint() -> ComfyExtension:

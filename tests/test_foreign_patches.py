@@ -1,0 +1,78 @@
+"""Other packs' block patches (PuLID-, IP-Adapter- or regional-prompt-style ``patches_replace["dit"]``
+entries) beside the cache, put on with a test-only node (``StepCacheTestBlockPatch``):
+
+- put on before the Apply node, the patch is chained: it runs on every computed step, exactly once
+  per computed call, and its effect is part of the cached residual, so skipped steps keep it;
+- put on after the Apply node, it replaces the cache's hook on that block: the cache could not see
+  that block, so the run computes every step, with the reason in the statistics, and its output is
+  the patched model's own.
+
+Each on the first, a middle and the last block of the stack, where the cache's hooks differ."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+SKIPPING = {"threshold": 0.3, "max_consecutive_skips": 3, "retention_ratio": 0.1, "variant": "flux.1-dev"}
+
+
+@pytest.fixture(scope="module")
+def flux(host):
+    return host.test_module("tiny_models").build_model("flux", seed=0)
+
+
+@pytest.fixture(scope="module")
+def block_keys(host, flux):
+    family = host.pack_module("families").family_for(flux.model)
+    keys = family.block_keys(flux.model.diffusion_model)
+    return {"first": keys[0], "middle": keys[len(keys) // 2], "last": keys[-1]}
+
+
+def put_patch(host, model, key, strength: float = 0.5):
+    """The test-only node's MODEL, and the patch it put on."""
+    kind, index = key
+    patched = host.test_nodes.BlockPatch.execute(model, kind=kind, index=index, strength=strength).result[0]
+    return patched, patched.model_options["transformer_options"]["patches_replace"]["dit"][key]
+
+
+def distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().mean())
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_patch_put_on_before_apply_runs_on_every_computed_step_inside_the_residual(host, flux, block_keys, where):
+    from harness.sampling import Job, apply, stats
+
+    job = Job("flux")
+    with_patch, patch = put_patch(host, flux, block_keys[where])
+    reference = job.run(with_patch)  # the patched model, uncached
+    plain = job.run(flux)
+    patch.calls = 0
+    cached, node_id = apply(with_patch, "magcache", **SKIPPING)
+    out = job.run(cached)
+    run = stats(node_id)
+    assert run["disabled_reason"] is None and run["calls_skipped"] > 0
+    assert patch.calls == run["calls_computed"]  # once per computed call, never on a skipped one
+    # Skipped steps keep the patch's effect: the output is nearer the patched model's than the
+    # patch's own effect is large.
+    assert distance(out, reference) < 0.5 * distance(reference, plain)
+    exact, _ = apply(with_patch, "magcache", **{**SKIPPING, "threshold": 0.0})
+    assert torch.equal(job.run(exact), reference)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_patch_put_on_after_apply_makes_the_run_compute_every_step(host, flux, block_keys, where):
+    from harness.sampling import Job, apply, stats
+
+    job = Job("flux")
+    uncached, uncached_patch = put_patch(host, flux, block_keys[where])
+    reference = job.run(uncached)
+    cached, node_id = apply(flux, "magcache", **SKIPPING)
+    patched_after, patch = put_patch(host, cached, block_keys[where])
+    out = job.run(patched_after)
+    run = stats(node_id)
+    kind, index = block_keys[where]
+    assert f"replaced the cache's hook on {kind} {index}" in run["disabled_reason"]
+    assert run["calls_skipped"] == 0 and patch.calls == uncached_patch.calls >= job.steps
+    assert torch.equal(out, reference)
