@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from .measurement import sample_rows
 from .moments import ResidualMoments
 from .planning import MEASURED_BACK, MEASURED_FORWARD, ErrorModel, SkipError
 from .ratios import MagRatios
@@ -52,9 +53,6 @@ METHOD_NAMES = {"magcache": "MagCache", "teacache": "TeaCache"}
 # residual moments; earlier calibrations still load, without them.
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
-# The residual moments are computed on at most this many values per row of the CFG-combined
-# residual (a strided sample of the skip errors' tokens).
-MOMENT_SAMPLES = 16384
 # The skip errors are measured on at most this many tokens per row, evenly spread: relative
 # errors need no more, and the calibration run keeps several steps of them.
 ERROR_TOKENS = 4096
@@ -126,8 +124,8 @@ class ResidualRecorder:
             combined = self.cfg * pending[0] - (self.cfg - 1.0) * pending[1]
         else:
             combined = pending[min(pending)]
-        flat = combined.reshape(combined.shape[0], -1)
-        self._moment_samples[step] = flat[:, ::max(1, -(-flat.shape[1] // MOMENT_SAMPLES))].double()
+        # The moments need only a sample: a stride coprime with the channels, so every channel is in it.
+        self._moment_samples[step] = sample_rows(combined, combined.shape[0]).double()
         earlier = {s: r for s, r in self._combined if r.shape == combined.shape}
         self._combined.append((step, combined))
         times = self.schedule.step_times

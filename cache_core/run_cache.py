@@ -183,6 +183,14 @@ class RunCache:
             for entry in self._entries.values():
                 entry.clear()
 
+    def restart(self, step: int, reason: str) -> None:
+        """The model changed during the run (its weights, at ``step``): every kept residual is
+        forgotten, so the next call of each entry computes."""
+        for entry in self._entries.values():
+            entry.clear()
+        if self.trace is not None:
+            self.trace.append({"step": step, "restart": reason})
+
     def step_of(self, sigma: torch.Tensor) -> int:
         # ComfyUI hands every call of one sampler evaluation the same sigma tensor: one sync each.
         if sigma is not self._sigma_tensor:

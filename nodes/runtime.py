@@ -86,6 +86,10 @@ class ActiveRun:
         self.diffusion_model = diffusion_model
         self.use_signal = use_signal
         self.call: StackCall = PASSTHROUGH
+        # ComfyUI hooks whose keyframes change their strength during the run, and the strengths
+        # the kept residuals were computed at.
+        self.scheduled_hooks: list[Any] = []
+        self.hook_strengths: tuple[float, ...] | None = None
 
     def release(self) -> RunStats:
         """End of the run: free every tensor and drop the model, and return the statistics.
@@ -97,6 +101,7 @@ class ActiveRun:
         stats = self.cache.close()
         self.call = PASSTHROUGH
         self.diffusion_model = None
+        self.scheduled_hooks = []
         return stats
 
     def check_reached(self) -> None:
@@ -160,12 +165,23 @@ class ActiveRun:
     def _begin(self, options: dict, stack_input: torch.Tensor,
                signal: Callable[[], torch.Tensor] | None) -> StackCall:
         try:
+            if self.scheduled_hooks:
+                self._follow_hook_keyframes(options["sigmas"])
             branches = options.get("cond_or_uncond") or (0,)
             keys = entry_keys(options.get("uuids") or [None] * len(branches), branches)
             return self.cache.begin(options["sigmas"], keys, branches, stack_input, signal)
         except Exception as error:  # never break sampling over the cache
             self._give_up(error)
             return PASSTHROUGH
+
+    def _follow_hook_keyframes(self, sigma: torch.Tensor) -> None:
+        """A hook keyframe changed a strength (ComfyUI switches keyframes before the step's model
+        calls): residuals computed at the old weights stand for nothing now, so the cache forgets
+        them and this step computes."""
+        strengths = tuple(float(hook.strength) for hook in self.scheduled_hooks)
+        if self.hook_strengths is not None and strengths != self.hook_strengths:
+            self.cache.restart(self.cache.step_of(sigma), "a hook keyframe changed a strength")
+        self.hook_strengths = strengths
 
     @torch.no_grad()
     def _after_head(self, call: StackCall, head_output: torch.Tensor) -> StackCall:
@@ -360,7 +376,9 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
     use_signal = policy.uses_signal and cache.enabled
     label = f"{family.name} / {shown.label}"
     latent_channels = model.latent_format.latent_channels if family.caches_in_output_space else 0
-    return ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal, latent_channels)
+    run = ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal, latent_channels)
+    run.scheduled_hooks = scheduled_hooks(getattr(guider, "conds", None) or {})
+    return run
 
 
 def guidance_scale(guider: Any) -> float | None:
@@ -389,6 +407,19 @@ def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedu
             return (f"ComfyUI's {name} is also on this model: two step caches would reuse each other's "
                     f"stale outputs; remove one of them")
     return None
+
+
+def scheduled_hooks(conds: dict) -> list[Any]:
+    """The hooks on the run's conditioning (ComfyUI's hooks: a LoRA or model weights hooked to a
+    prompt) whose keyframes change their strength during sampling."""
+    found: list[Any] = []
+    for entries in conds.values():
+        for cond in entries or ():
+            for hook in getattr(cond.get("hooks"), "hooks", ()):
+                keyframes = getattr(getattr(hook, "hook_keyframe", None), "keyframes", ())
+                if len({float(keyframe.strength) for keyframe in keyframes}) > 1 and hook not in found:
+                    found.append(hook)
+    return found
 
 
 def replaced_hook(guider: Any, family: families.Family, diffusion_model: torch.nn.Module) -> str | None:

@@ -76,3 +76,47 @@ def test_a_patch_put_on_after_apply_makes_the_run_compute_every_step(host, flux,
     assert f"replaced the cache's hook on {kind} {index}" in run["disabled_reason"]
     assert run["calls_skipped"] == 0 and patch.calls == uncached_patch.calls >= job.steps
     assert torch.equal(out, reference)
+
+
+def test_a_hook_keyframe_that_changes_a_strength_makes_its_step_compute_afresh(host, flux):
+    """ComfyUI's hooks: another model's weights hooked to the prompt (as a scheduled LoRA is), with
+    keyframes that change the hook's strength halfway. Residuals computed at the old weights are
+    forgotten at the step where the strength changes, which computes; the run still caches around
+    it, and at threshold 0 it is bit-identical to uncached."""
+    import comfy.hooks
+    import nodes
+
+    from harness.sampling import Job, apply, install, stats
+
+    job = Job("flux", steps=16)
+    other = host.test_module("tiny_models").build_model("flux", seed=5)
+    hooks = comfy.hooks.create_hook_model_as_lora(comfy.hooks.get_patch_weights_from_model(other), None, 1.0, 1.0)
+
+    def run(model, keyframes: list[tuple[float, float]]) -> torch.Tensor:
+        group = comfy.hooks.HookKeyframeGroup()
+        for strength, start in keyframes:
+            group.add(comfy.hooks.HookKeyframe(strength=strength, start_percent=start))
+        scheduled = hooks.clone()
+        scheduled.set_keyframes_on_hooks(group)
+        positive, negative = job.conds()
+        positive = comfy.hooks.set_hooks_for_conditioning(positive, scheduled)
+        return nodes.common_ksampler(model, job.seed, job.steps, job.cfg, job.sampler, job.scheduler,
+                                     positive, negative, job.latent())[0]["samples"]
+
+    schedule = [(1.0, 0.0), (0.2, 0.5)]
+    reference = run(flux, schedule)
+    assert not torch.allclose(reference, job.run(flux))  # the hook does change the model
+    cached, node_id = install(flux, "magcache", threshold=0.3, max_consecutive_skips=8, retention_ratio=0.1,
+                              variant="flux.1-dev", record_trace=True)
+    out = run(cached, schedule)
+    result = stats(node_id)
+    restarts = [event for event in result["trace"] if "restart" in event]
+    assert len(restarts) == 1 and 0 < restarts[0]["step"] < job.steps, restarts
+    step = restarts[0]["step"]
+    assert result["disabled_reason"] is None and result["calls_skipped"] > 0
+    assert all(branch["pattern"][step] == "C" for branch in result["branches"]), (step, result["branches"])
+    assert out.isfinite().all()
+    exact, _ = apply(flux, "magcache", **{**SKIPPING, "threshold": 0.0})
+    assert torch.equal(run(exact, schedule), reference)
+    run(cached, [(0.6, 0.0), (0.6, 0.5)])  # keyframes that keep one strength: nothing to forget
+    assert not [event for event in stats(node_id)["trace"] if "restart" in event]
