@@ -422,14 +422,27 @@ def scheduled_hooks(conds: dict) -> list[Any]:
     return found
 
 
+def wraps_block_hook(patch: Any) -> bool:
+    """The cache's hook itself, or a patch that wraps it and says so the Python way (the hook as its
+    ``__wrapped__``, as ``functools.wraps`` sets it), so the hook still runs for its block."""
+    for _ in range(16):  # a chain of wrappers, never a cycle
+        if isinstance(patch, BlockHook):
+            return True
+        patch = getattr(patch, "__wrapped__", None)
+        if patch is None:
+            return False
+    return False
+
+
 def replaced_hook(guider: Any, family: families.Family, diffusion_model: torch.nn.Module) -> str | None:
     """A block whose hook another node replaced after the Apply node (its own patch on the same
     block): the cache would not see that block, so a skip could drop the patch's effect or return a
     stale output. Such a run computes every step. (A patch put on before Apply is chained: it runs
-    on every computed step, inside the cached residual.)"""
+    on every computed step, inside the cached residual. One put on after that wraps the hook, with
+    the hook as its ``__wrapped__``, keeps the cache.)"""
     patches = guider.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
     for kind, index in family.block_keys(diffusion_model):
-        if not isinstance(patches.get((kind, index)), BlockHook):
+        if not wraps_block_hook(patches.get((kind, index))):
             return (f"another node replaced the cache's hook on {kind} {index} after the Apply node; "
                     "place the Apply node after it, so its patch runs inside the cache")
     return None

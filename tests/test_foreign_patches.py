@@ -120,3 +120,29 @@ def test_a_hook_keyframe_that_changes_a_strength_makes_its_step_compute_afresh(h
     assert torch.equal(run(exact, schedule), reference)
     run(cached, [(0.6, 0.0), (0.6, 0.5)])  # keyframes that keep one strength: nothing to forget
     assert not [event for event in stats(node_id)["trace"] if "restart" in event]
+
+
+def test_a_patch_put_on_after_apply_that_wraps_the_hook_keeps_the_cache(host, flux, block_keys):
+    """A pack that wraps the hook it finds (and names it ``__wrapped__``, as functools.wraps does)
+    leaves the cache's hook running for that block, so the run still caches."""
+    import functools
+
+    from harness.sampling import Job, apply, stats
+
+    cached, node_id = apply(flux, "magcache", **SKIPPING)
+    key = block_keys["last"]
+    hook = cached.model_options["transformer_options"]["patches_replace"]["dit"][key]
+    calls = []
+
+    @functools.wraps(hook)
+    def wrapping(args: dict, extra: dict) -> dict:
+        calls.append(1)
+        return hook(args, extra)
+
+    wrapped = cached.clone()
+    wrapped.set_model_patch_replace(wrapping, "dit", *key)
+    out = Job("flux").run(wrapped)
+    run = stats(node_id)
+    assert run["disabled_reason"] is None and run["calls_skipped"] > 0
+    assert len(calls) == run["calls_computed"] + run["calls_skipped"]  # it sees every call; the hook decides
+    assert torch.equal(out, Job("flux").run(cached))

@@ -272,6 +272,7 @@ def install_tripwire(h: SimpleNamespace, patched: Any, tripwire: Tripwire) -> No
         tripwire.check(args["transformer_options"].get(h.runtime.RUN_KEY))
         return out
 
+    failing_head.__wrapped__ = pack_hook  # it wraps the pack's hook, and says so: the cache stays on
     patched.set_model_patch_replace(failing_head, "dit", kind, index)
 
 

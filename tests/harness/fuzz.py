@@ -2,14 +2,16 @@
 
 A sequence draws runs at random (seeded, so a failure replays) across families, cache methods and
 thresholds, steps, resolution, batch, frame count, cfg, sampler, scheduler, denoise, KSamplerAdvanced
-ranges, and interrupts by ComfyUI's own mechanism (``interrupt_current_processing``, which the next
-ComfyUI op turns into ``InterruptProcessingException``, as the server's /interrupt does). Patched
-models are reused across runs, so whatever a run leaves behind meets every later run.
+ranges, another pack's block patch put on before or after the Apply node (the test-only
+StepCacheTestBlockPatch, on the first or last block), and interrupts by ComfyUI's own mechanism
+(``interrupt_current_processing``, which the next ComfyUI op turns into
+``InterruptProcessingException``, as the server's /interrupt does). Patched models are reused
+across runs, so whatever a run leaves behind meets every later run.
 
 After every run it checks:
 - no exception, except the interrupt it asked for;
-- threshold 0, or a run the cache declines (fewer than 10 steps): output bit-identical to the
-  unpatched model;
+- threshold 0, or a run the cache declines (fewer than 10 steps, or another pack's patch put on
+  after the Apply node): output bit-identical to the unpatched model (with that patch);
 - a caching run: output bit-identical to a freshly patched model doing the same run (a difference
   is a *stale-state mismatch*: something carried over from an earlier run);
 - the run's statistics agree with its schedule (steps, branches, computed + skipped per branch);
@@ -49,6 +51,9 @@ QUALITIES = ["custom", "custom", "custom", "lossless", "high", "balanced", "fast
 # Checks: off, or (check, tolerance) strict (most checked steps compute) and lenient (most skip).
 CHECKS = [("off", 0.1), ("off", 0.1), ("first_block", 0.05), ("first_block", 10.0), ("hindsight", 0.05),
           ("hindsight", 10.0)]
+# Another pack's block patch: none (most runs), or put on before / after the Apply node, on the
+# stack's first or last block.
+FOREIGN_PATCHES = [None, None, None, ("before", 0), ("before", -1), ("after", 0), ("after", -1)]
 MIN_STEPS_TO_CACHE = 10
 INTERRUPT_WRAPPER_KEY = "stepcache-fuzz-interrupt"
 
@@ -133,6 +138,7 @@ class RunSpec:
     interrupt_after: int | None  # interrupt once this many steps have completed
     seed: int
     quality: str = "custom"  # at a level, the expert inputs (threshold, estimator, ...) are not used
+    foreign_patch: tuple[str, int] | None = None  # ("before" | "after", block position)
 
     @property
     def never_skips(self) -> bool:
@@ -177,7 +183,7 @@ def draw(rng: random.Random, covered: Coverage) -> RunSpec:
         scale=rng.choice([1, 1, 2]), frames=rng.choice([None, 2, 3]) if family in covered.video else None,
         advanced=advanced,
         interrupt_after=rng.randrange(1, max(2, steps - 1)) if rng.random() < 0.15 else None,
-        seed=rng.randrange(1000), quality=rng.choice(QUALITIES),
+        seed=rng.randrange(1000), quality=rng.choice(QUALITIES), foreign_patch=rng.choice(FOREIGN_PATCHES),
     )
 
 
@@ -189,6 +195,7 @@ class Report:
     cached_runs: int = 0
     identical_checks: int = 0
     families: Counter = field(default_factory=Counter)
+    foreign_patches: Counter = field(default_factory=Counter)  # runs with another pack's patch, by placement
     exceptions: list[str] = field(default_factory=list)
     stale_state_mismatches: list[str] = field(default_factory=list)
     uncached_mismatches: list[str] = field(default_factory=list)
@@ -212,6 +219,8 @@ class Report:
             f"{self.identical_checks} checked bit-identical to unpatched) in {self.seconds:.0f} s",
             *([self.covered.summary()] if self.covered is not None else []),
             "tiny models: " + ", ".join(f"{k} {v}" for k, v in sorted(self.families.items())),
+            "another pack's block patch: "
+            + (", ".join(f"{k} Apply {v}" for k, v in sorted(self.foreign_patches.items())) or "none drawn"),
             f"exceptions: {len(self.exceptions)}",
             f"stale-state mismatches: {len(self.stale_state_mismatches)}",
             f"uncached runs not identical to unpatched: {len(self.uncached_mismatches)}",
@@ -228,6 +237,7 @@ class Driver:
 
     def __init__(self) -> None:
         self.tiny = sampling.tiny()
+        self.test_nodes = sampling.test_nodes()
         self.runtime = sampling.pack("nodes.runtime")
         self.run_cache = sampling.pack("cache_core.run_cache")
         self.history = sampling.pack("cache_core.history")
@@ -241,6 +251,27 @@ class Driver:
         if family not in self.base:
             self.base[family] = self.tiny.build_model(family, seed=0)
         return self.base[family]
+
+    def foreign_block(self, spec: RunSpec) -> tuple[str, int] | None:
+        """The block key the spec's foreign patch goes on (None: no patch, or no block hooks)."""
+        model = self.base_model(spec.family)
+        keys = self.families.family_for(model.model).block_keys(model.model.diffusion_model)
+        return keys[spec.foreign_patch[1]] if spec.foreign_patch is not None and keys else None
+
+    def with_foreign_patch(self, model: Any, spec: RunSpec) -> Any:
+        key = self.foreign_block(spec)
+        if key is None:
+            return model
+        return self.test_nodes.BlockPatch.execute(model, kind=key[0], index=key[1], strength=0.25).result[0]
+
+    def declined(self, spec: RunSpec) -> bool:
+        """Runs the cache samples uncached (the output is then the unpatched model's)."""
+        return (spec.schedule_steps < MIN_STEPS_TO_CACHE or spec.never_skips
+                or (self.foreign_block(spec) is not None and spec.foreign_patch[0] == "after"))
+
+    def unpatched(self, spec: RunSpec) -> Any:
+        """The model without the cache: with the foreign patch, if the spec has one."""
+        return self.with_foreign_patch(self.base_model(spec.family), spec)
 
     def apply(self, spec: RunSpec) -> tuple[Any, str]:
         estimator, order, damping = spec.estimator
@@ -261,10 +292,14 @@ class Driver:
             inputs["max_consecutive_skips"] = 100
             if spec.method == "magcache":
                 inputs["retention_ratio"] = 0.0
-        return sampling.apply(self.base_model(spec.family), spec.method, **inputs)
+        before = spec.foreign_patch is not None and spec.foreign_patch[0] == "before"
+        model = self.with_foreign_patch(self.base_model(spec.family), spec) if before else self.base_model(spec.family)
+        patched, node_id = sampling.apply(model, spec.method, **inputs)
+        return (patched if before else self.with_foreign_patch(patched, spec)), node_id
 
     def reused(self, spec: RunSpec) -> tuple[Any, str]:
-        key = (spec.family, spec.method, spec.threshold, spec.estimator, spec.cfg_branches, spec.check, spec.quality)
+        key = (spec.family, spec.method, spec.threshold, spec.estimator, spec.cfg_branches, spec.check, spec.quality,
+               spec.foreign_patch)
         if key not in self.patched:
             self.patched[key] = self.apply(spec)
         return self.patched[key]
@@ -279,7 +314,7 @@ class Driver:
         run = sampling.stats(node_id)
         steps = spec.schedule_steps
         # Runs the cache declines report their reason and no branches (nothing was decided).
-        declined = steps < MIN_STEPS_TO_CACHE or spec.never_skips
+        declined = self.declined(spec)
         branches = set() if declined else {"cond", "uncond"} if spec.cfg > 1.0 else {"cond"}
         problems = []
         if run["steps"] != steps:
@@ -303,6 +338,8 @@ class Driver:
     def one_run(self, spec: RunSpec, report: Report) -> None:
         report.runs += 1
         report.families[spec.family] += 1
+        if spec.foreign_patch is not None:
+            report.foreign_patches[spec.foreign_patch[0]] += 1
         patched, node_id = self.reused(spec)
         try:
             output = self.run_interruptible(spec, patched)
@@ -319,9 +356,9 @@ class Driver:
             return
         if (problem := self.check_stats(spec, node_id)) is not None:
             report.stats_errors.append(f"{spec}: {problem}")
-        if spec.never_skips or spec.schedule_steps < MIN_STEPS_TO_CACHE:
+        if self.declined(spec):
             report.identical_checks += 1
-            if not same_output(output, spec.run(self.base_model(spec.family))):
+            if not same_output(output, spec.run(self.unpatched(spec))):
                 report.uncached_mismatches.append(str(spec))
             return
         report.cached_runs += 1

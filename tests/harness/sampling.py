@@ -24,6 +24,11 @@ def tiny() -> Any:
     return host_module.boot().test_module("tiny_models")
 
 
+def test_nodes() -> Any:
+    """The test-only node package (tests/harness/comfy_test_nodes) as ComfyUI loaded it."""
+    return host_module.boot().test_nodes
+
+
 def pack(dotted: str) -> Any:
     return host_module.boot().pack_module(dotted)
 
