@@ -70,6 +70,7 @@ def spy_on_tail(patched: Any, runtime: Any) -> list[tuple[torch.dtype, list[torc
             seen.append((stream.dtype, [t.dtype for k, _, t in run.cache.held_tensors() if k == "residual"]))
         return out
 
+    tail.__wrapped__ = pack_hook  # it wraps the pack's hook, and says so: the run still caches
     patched.set_model_patch_replace(tail, "dit", kind, index)
     return seen
 
