@@ -404,7 +404,7 @@ class MeasuredErrorPolicy(CachePolicy):
 
 
 class NeverSkipPolicy(CachePolicy):
-    """Computes every step: calibration runs (measuring the TeaCache signal when asked), and runs
+    """Computes every step: calibration runs (recording the TeaCache signal when asked), and runs
     whose method has nothing to skip with (``never_skips_because`` says why)."""
 
     name = "calibration"

@@ -136,7 +136,7 @@ class RunCache:
         self.policy = policy
         self.estimator = policy.estimator
         self.cache_device = cache_device
-        # Measuring runs (calibration) compute residuals every step without ever skipping.
+        # Calibration runs compute residuals every step without ever skipping.
         self.calibrating = calibrating
         self.observer = observer
         if observer is not None:

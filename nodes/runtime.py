@@ -75,7 +75,8 @@ class ActiveRun:
     """One sampling run's cache, reachable from every hook through transformer_options."""
 
     def __init__(self, cache: RunCache, family: families.Family, label: str, constants: str | None,
-                 diffusion_model: torch.nn.Module, use_signal: bool, latent_channels: int = 0) -> None:
+                 diffusion_model: torch.nn.Module, use_signal: bool, latent_channels: int = 0,
+                 scheduled_hooks: list[Any] | None = None) -> None:
         self.cache = cache
         self.family = family
         # Output space: the model input's leading channels are the latent it predicts for; any after
@@ -88,7 +89,7 @@ class ActiveRun:
         self.call: StackCall = PASSTHROUGH
         # ComfyUI hooks whose keyframes change their strength during the run, and the strengths
         # the kept residuals were computed at.
-        self.scheduled_hooks: list[Any] = []
+        self.scheduled_hooks: list[Any] = scheduled_hooks or []
         self.hook_strengths: tuple[float, ...] | None = None
 
     def release(self) -> RunStats:
@@ -370,15 +371,14 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
         record_trace=settings.record_trace, observer=observer, check=check,
         head_cost=1.0 / blocks if blocks else 0.0, cfg=guidance_scale(guider),
     )
-    reason = reason_not_to_skip(settings, guider, schedule) or replaced_hook(guider, family, model.diffusion_model)
+    reason = reason_not_to_skip(settings, guider, schedule, family)
     if reason is not None:
         cache.disable(reason)
     use_signal = policy.uses_signal and cache.enabled
     label = f"{family.name} / {shown.label}"
     latent_channels = model.latent_format.latent_channels if family.caches_in_output_space else 0
-    run = ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal, latent_channels)
-    run.scheduled_hooks = scheduled_hooks(getattr(guider, "conds", None) or {})
-    return run
+    return ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal, latent_channels,
+                     scheduled_hooks(getattr(guider, "conds", None) or {}))
 
 
 def guidance_scale(guider: Any) -> float | None:
@@ -387,7 +387,8 @@ def guidance_scale(guider: Any) -> float | None:
     return float(cfg) if isinstance(cfg, (int, float)) else None
 
 
-def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedule) -> str | None:
+def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedule,
+                       family: families.Family) -> str | None:
     """Runs where skipping would be wrong or pointless sample uncached, with one logged reason."""
     if settings.method.calibrates:
         return None
@@ -406,7 +407,7 @@ def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedu
         if guider.model_patcher.get_wrappers(WrappersMP.OUTER_SAMPLE, key):
             return (f"ComfyUI's {name} is also on this model: two step caches would reuse each other's "
                     f"stale outputs; remove one of them")
-    return None
+    return replaced_hook(guider, family, guider.model_patcher.model.diffusion_model)
 
 
 def scheduled_hooks(conds: dict) -> list[Any]:
