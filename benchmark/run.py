@@ -49,6 +49,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="only the headline table: the quality levels on both reference models and both "
                         "samplers beside EasyCache and LazyCache (quality-only; bench-out/levels.md, and the "
                         "top of docs/benchmark.md with --docs); about 15 min")
+    parser.add_argument("--controlnet", action="store_true",
+                        help="each quality level on the image model with and without a small ControlNet (~6 min)")
     parser.add_argument("--gpu", action="store_true",
                         help="only the prepared GPU check: real-size random-weight FLUX.1-dev and Wan 2.1 14B in bf16 "
                         "(wall time against rows, no-skip cost, Compile Blocks, held memory; bench-out/gpu.md); "
@@ -156,6 +158,13 @@ def main(argv: list[str]) -> int:
 
         gpu.run_gpu_check(args.gpu_geometry, args.gpu_reps, args.out, progress)
         print(f"wrote {args.out / 'gpu.md'} in {(time.perf_counter() - started) / 60:.1f} min")
+        return 0
+    if args.controlnet:
+        from stepbench import controlnet
+
+        command = "./dev bench" + "".join(" " + shlex.quote(a) for a in argv)
+        print(controlnet.write(controlnet.run_controlnet(progress), command, args.out))
+        print(f"wrote {args.out / 'controlnet.md'} in {(time.perf_counter() - started) / 60:.1f} min")
         return 0
     if args.levels:
         from stepbench import levels

@@ -67,14 +67,21 @@ def measure_estimator_error(
     weights: Callable[[Sequence[float], float], Sequence[float]],
     needs_full_history: bool,
     cfg: float | None,
+    added: torch.Tensor | None = None,
 ) -> None:
     """Measure, for each entry of a computed call (its rows of ``residual``, in order), the error
     the estimator's ``weights`` over its kept residuals would have made at ``time``. With ``cfg``,
     a call holding both CFG branches is measured on the guided residual cfg * cond - (cfg - 1) *
     uncond, and both branches get that one value. An entry without what the estimate needs (or,
-    with ``needs_full_history``, without all the residuals the estimator keeps) gets None."""
+    with ``needs_full_history``, without all the residuals the estimator keeps) gets None.
+
+    ``added``: what the host added between the blocks and the residual leaves out (ControlNet
+    outputs); the error is relative to the stack's whole change of the stream, residual + added, as
+    it is on a run without them."""
     rows = residual.shape[0] // len(histories)
     parts = [sample_rows(residual[i * rows:(i + 1) * rows], rows) for i in range(len(histories))]
+    scales = parts if added is None else [
+        part + sample_rows(added[i * rows:(i + 1) * rows], rows) for i, part in enumerate(parts)]
     errors: list[torch.Tensor | None] = []
     for kept, part, measurement in zip(histories, parts, measurements, strict=True):
         if not kept.fits(residual[:rows]) or time <= kept.times[-1] + history_ops.SAME_TIME or (
@@ -87,13 +94,13 @@ def measure_estimator_error(
     if cfg is not None and sorted(branches) == [0, 1] and all(e is not None for e in errors):
         cond, uncond = branches.index(0), branches.index(1)
         error = errors[cond].mul_(cfg).sub_(errors[uncond], alpha=cfg - 1.0)
-        guided = parts[cond].float().mul(cfg).sub_(parts[uncond].float(), alpha=cfg - 1.0)
+        guided = scales[cond].float().mul(cfg).sub_(scales[uncond].float(), alpha=cfg - 1.0)
         combined = relative_error(error, guided)
         for measurement in measurements:
             measurement.error = combined
         return
-    for measurement, error, part in zip(measurements, errors, parts, strict=True):
-        measurement.error = relative_error(error, part) if error is not None else None
+    for measurement, error, scale in zip(measurements, errors, scales, strict=True):
+        measurement.error = relative_error(error, scale) if error is not None else None
 
 
 __all__ = ["SAMPLES_PER_ROW", "MeasuredError", "measure_estimator_error", "relative_error", "sample_rows"]

@@ -253,6 +253,11 @@ class RunCache:
                 self.refused += 1
         return want
 
+    def sigma_value(self, sigma: torch.Tensor) -> float:
+        """The call's sigma as a number (read once per sampler evaluation, with its step)."""
+        self.step_of(sigma)
+        return self._sigma_value
+
     # The block stack ---------------------------------------------------------------------
 
     def begin(
@@ -382,28 +387,34 @@ class RunCache:
                                              [changes[i] for i in which])
         return changes
 
-    def finish(self, call: StackCall, stack_output: torch.Tensor) -> None:
-        """At the tail of a computed call: keep each entry's stack output - stack input."""
+    def finish(self, call: StackCall, stack_output: torch.Tensor, added: torch.Tensor | None = None) -> None:
+        """At the tail of a computed call: keep each entry's stack output - stack input.
+
+        ``added``: what the host added into the stream between the blocks on this call (a
+        ControlNet's outputs), which a skipped call adds anew: kept out of the residual, but part of
+        the stack's change of the stream that the measured error is relative to."""
         if call.stack_input is None or not call.entries:
             return
         rows = call.rows
         stack_input, call.stack_input = call.stack_input, None
         head_residuals, call.head_residuals = call.head_residuals, None
-        if stack_output.shape != stack_input.shape:
+        if stack_output.shape != stack_input.shape or (added is not None and added.shape != stack_input.shape):
             for entry in call.entries:  # this shape cannot be cached; it keeps computing
                 entry.clear()
             return
-        # Residuals kept on another device (cache_device), or measured, are computed here first,
-        # into the copy.
+        # Residuals kept on another device (cache_device), measured, or less what was added, are
+        # computed here first, into the copy.
         offloaded = self.cache_device is not None and self.cache_device != stack_output.device
         residual = (torch.sub(stack_output, stack_input, out=stack_input)
-                    if offloaded or self.measures_error else None)
+                    if offloaded or self.measures_error or added is not None else None)
+        if added is not None:
+            residual.sub_(added)
         if self.measures_error:  # before any slot is overwritten: the estimate uses them
             # (a rule that decides from the measurement waits for one of the estimate it skips with)
             measure_estimator_error(
                 [e.history for e in call.entries], [e.branch for e in call.entries],
                 [e.measured for e in call.entries], residual, call.time, self.estimator.weights,
-                needs_full_history=self.policy.measures_error, cfg=self.cfg)
+                needs_full_history=self.policy.measures_error, cfg=self.cfg, added=added)
         for index, entry in enumerate(call.entries):
             part = slice(index * rows, (index + 1) * rows)
             kept = entry.history

@@ -127,6 +127,9 @@ class Family:
     # The diffusion model's ModuleList behind each kind of block key, in execution order: the block
     # stack (``block_keys``) and the modules Compile Blocks compiles.
     block_lists: ClassVar[Mapping[str, str]] = {"double_block": "double_blocks", "single_block": "single_blocks"}
+    # Where ComfyUI adds a ControlNet's outputs: after block i of a kind, entry i of this list of the
+    # control dict. Empty: the cache cannot keep them apart from the residual (ControlNet refused).
+    control_lists: ClassVar[Mapping[str, str]] = {}
     _variants_by_name: dict[str, Variant] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -195,22 +198,47 @@ class Family:
         """The TeaCache input signal for the call whose head block receives ``args``."""
         raise NotImplementedError
 
-    def image_part(self, kind: str, stream: torch.Tensor, image_tokens: int) -> torch.Tensor:
-        """The image tokens of a block's ``img`` stream: all of it, except in single-stream blocks,
-        whose stream also carries the text (before the image for ``txt_img``, after for ``img_txt``)."""
+    def image_start(self, kind: str, stream: torch.Tensor, image_tokens: int, options: Mapping | None) -> int | None:
+        """Where the image tokens start in a block's ``img`` stream; None where the stream is all
+        image. Single-stream blocks also carry the text: where the host says where the image is
+        (``transformer_options["img_slice"]``, set before the single blocks), that; else the
+        family's layout (text first for ``txt_img``, after the image for ``img_txt``)."""
         if kind != "single_block" or self.single_stream is None:
-            return stream
-        return stream[:, -image_tokens:] if self.single_stream == "txt_img" else stream[:, :image_tokens]
+            return None
+        image_slice = options.get("img_slice") if options is not None else None
+        if image_slice is not None:
+            return int(image_slice[0])
+        return stream.shape[1] - image_tokens if self.single_stream == "txt_img" else 0
 
-    def with_image(self, kind: str, stream: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+    def image_part(self, kind: str, stream: torch.Tensor, image_tokens: int,
+                   options: Mapping | None = None) -> torch.Tensor:
+        """The image tokens of a block's ``img`` stream (see ``image_start``)."""
+        start = self.image_start(kind, stream, image_tokens, options)
+        return stream if start is None else stream[:, start:start + image_tokens]
+
+    def with_image(self, kind: str, stream: torch.Tensor, image: torch.Tensor,
+                   options: Mapping | None = None) -> torch.Tensor:
         """A block's ``img`` stream with its image tokens replaced by ``image`` (what a skipped call
         returns from the stack's last block); the inverse of ``image_part``."""
-        if kind != "single_block" or self.single_stream is None:
+        start = self.image_start(kind, stream, image.shape[1], options)
+        if start is None:
             return image
-        tokens = image.shape[1]
-        if self.single_stream == "txt_img":
-            return torch.cat((stream[:, :-tokens], image), dim=1)
-        return torch.cat((image, stream[:, tokens:]), dim=1)
+        return torch.cat((stream[:, :start], image, stream[:, start + image.shape[1]:]), dim=1)
+
+    def control_sum(self, control: Mapping, keys: Sequence[BlockKey], like: torch.Tensor) -> torch.Tensor | None:
+        """What ComfyUI adds of a ControlNet's outputs (``control``) into the image stream after
+        the blocks ``keys``, summed, shaped like the stack's image stream ``like``; None if nothing.
+        Each addition goes into the first tokens of the image stream, in every family's forward."""
+        total = None
+        for kind, index in keys:
+            entries = control.get(self.control_lists.get(kind, "")) or ()
+            add = entries[index] if index < len(entries) else None
+            if add is None:
+                continue
+            if total is None:
+                total = torch.zeros_like(like)
+            total[:, :add.shape[1]] += add
+        return total
 
     @property
     def caches_in_output_space(self) -> bool:

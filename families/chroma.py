@@ -9,6 +9,9 @@ Chroma Radiance (pixel space).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
 from . import published_magcache as magcache
@@ -17,6 +20,9 @@ from .flux import double_block_modulated_input
 
 
 class ChromaFamily(Family):
+    # ComfyUI adds a ControlNet's outputs after each double block ("input") and single block ("output").
+    control_lists: ClassVar[Mapping[str, str]] = {"double_block": "input", "single_block": "output"}
+
     def shape(self, diffusion_model: torch.nn.Module) -> dict[str, object]:
         return {
             "width": diffusion_model.hidden_size,

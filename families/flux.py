@@ -13,6 +13,9 @@ architecture without guidance or pooled vector, 0.30.0 and later) and FLUX.2 hav
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 from comfy.ldm.flux.layers import apply_mod
 
@@ -22,6 +25,9 @@ from .base import Architecture, Family, RunContext, Variant, image_tokens, in_fe
 
 
 class FluxFamily(Family):
+    # ComfyUI adds a ControlNet's outputs after each double block ("input") and single block ("output").
+    control_lists: ClassVar[Mapping[str, str]] = {"double_block": "input", "single_block": "output"}
+
     def detect_variant(self, model: torch.nn.Module, run: RunContext) -> str:
         if type(model).__name__ in self.class_variants:
             return self.class_variants[type(model).__name__]

@@ -11,6 +11,9 @@ one). None for the I2V models, SkyReels I2V or HunyuanImage 2.1. The 1.5 super-r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
 from . import published_magcache as magcache
@@ -23,6 +26,9 @@ MIN_720P_LATENT_HEIGHT = 79
 
 
 class HunyuanVideoFamily(Family):
+    # ComfyUI adds a ControlNet's outputs after each double block ("input") and single block ("output").
+    control_lists: ClassVar[Mapping[str, str]] = {"double_block": "input", "single_block": "output"}
+
     def detect_variant(self, model: torch.nn.Module, run: RunContext) -> str:
         model_class = type(model).__name__
         if model_class in self.class_variants:

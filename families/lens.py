@@ -17,6 +17,9 @@ from .qwen_image import mmdit_modulated_input
 
 
 class LensFamily(Family):
+    # ComfyUI adds a ControlNet's outputs after each block (its "input" list).
+    control_lists: ClassVar[Mapping[str, str]] = {"double_block": "input"}
+
     block_lists: ClassVar[Mapping[str, str]] = {"double_block": "transformer_blocks"}
 
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:

@@ -24,6 +24,9 @@ from .base import Architecture, Family, RunContext, Variant, image_tokens, in_fe
 
 
 class QwenImageFamily(Family):
+    # ComfyUI adds a ControlNet's outputs after each block (its "input" list).
+    control_lists: ClassVar[Mapping[str, str]] = {"double_block": "input"}
+
     def detect_variant(self, model: torch.nn.Module, run: RunContext) -> str:
         if type(model).__name__ in self.class_variants:
             return self.class_variants[type(model).__name__]

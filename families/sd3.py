@@ -16,6 +16,9 @@ from .base import Family, Variant, modulate
 
 
 class SD3Family(Family):
+    # ComfyUI adds a ControlNet's outputs after each joint block (its "output" list).
+    control_lists: ClassVar[Mapping[str, str]] = {"double_block": "output"}
+
     block_lists: ClassVar[Mapping[str, str]] = {"double_block": "joint_blocks"}
 
     def teacache_signal(self, diffusion_model: torch.nn.Module, args: dict) -> torch.Tensor:

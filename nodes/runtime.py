@@ -47,6 +47,7 @@ LOGGER = logging.getLogger("stepcache")
 
 SETTINGS_KEY = "stepcache"  # transformer_options: the node's settings (no tensors: clones deep-copy them)
 RUN_KEY = "stepcache_run"  # transformer_options during a sampling run: its ActiveRun
+CONTROL_KEY = "stepcache_control"  # transformer_options of one model call: its ControlNet outputs
 WRAPPER_KEY = "stepcache"
 COMPILE_WRAPPER_KEY = "torch.compile"  # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
 # model_options: the compile wrapper Compile Blocks (StepCache) installed (nodes/compile_nodes.py)
@@ -76,7 +77,8 @@ class ActiveRun:
 
     def __init__(self, cache: RunCache, family: families.Family, label: str, constants: str | None,
                  diffusion_model: torch.nn.Module, use_signal: bool, latent_channels: int = 0,
-                 scheduled_hooks: list[Any] | None = None) -> None:
+                 scheduled_hooks: list[Any] | None = None,
+                 control_ranges: list[tuple[float, float]] | None = None) -> None:
         self.cache = cache
         self.family = family
         # Output space: the model input's leading channels are the latent it predicts for; any after
@@ -91,6 +93,12 @@ class ActiveRun:
         # the kept residuals were computed at.
         self.scheduled_hooks: list[Any] = scheduled_hooks or []
         self.hook_strengths: tuple[float, ...] | None = None
+        # ControlNets: the blocks after which ComfyUI adds their outputs inside the stack (all but
+        # the tail, after which it adds them to what the tail returns), and the sigma ranges
+        # (high, low) of those that act on part of the run only, and which of them act now.
+        self.control_keys = family.block_keys(diffusion_model)[:-1]
+        self.control_ranges = control_ranges or []
+        self.controls_acting: tuple[bool, ...] | None = None
 
     def release(self) -> RunStats:
         """End of the run: free every tensor and drop the model, and return the statistics.
@@ -129,21 +137,38 @@ class ActiveRun:
             return self._skipped_output(hook, args, call.cached_output) if hook.is_tail else passthrough(args)
         out = hook.run_original(args, extra)
         if hook.is_tail and call.stack_input is not None:
-            self._finish(call, self.family.image_part(hook.kind, out["img"], call.stack_input.shape[1]))
+            self._finish_stack(call, hook, args, out["img"])
         return out
 
     def _run_checked_head(self, hook: BlockHook, args: dict, extra: dict) -> dict:
         """First-block check: the head block runs, then the run cache decides from its output."""
         out = hook.run_original(args, extra)
-        head_output = self.family.image_part(hook.kind, out["img"], self.call.stack_input.shape[1])
+        head_output = self.family.image_part(hook.kind, out["img"], self.call.stack_input.shape[1],
+                                             args["transformer_options"])
         call = self.call = self._after_head(self.call, head_output)
         if call.skip:
             # The head block's real output goes on; the blocks after it pass it through and the tail
             # replaces the stream with the estimate.
             return self._skipped_output(hook, args, call.cached_output) if hook.is_tail else out
         if hook.is_tail and call.stack_input is not None:
-            self._finish(call, self.family.image_part(hook.kind, out["img"], call.stack_input.shape[1]))
+            self._finish_stack(call, hook, args, out["img"])
         return out
+
+    def _finish_stack(self, call: StackCall, hook: BlockHook, args: dict, stream: torch.Tensor) -> None:
+        """The tail of a computed call: its image tokens, and what ComfyUI added of a ControlNet's
+        outputs between the blocks, which the kept residual leaves out (a skipped call adds it anew)."""
+        options = args["transformer_options"]
+        output = self.family.image_part(hook.kind, stream, call.stack_input.shape[1], options)
+        self._finish(call, output, self._control_added(options, output))
+
+    @torch.no_grad()
+    def _control_added(self, options: dict, like: torch.Tensor) -> torch.Tensor | None:
+        """This call's ControlNet outputs as ComfyUI adds them between the stack's blocks; None
+        without a ControlNet (the APPLY_MODEL wrapper hands them over in CONTROL_KEY)."""
+        control = options.get(CONTROL_KEY)
+        if control is None:
+            return None
+        return self.family.control_sum(control, self.control_keys, like)
 
     def run_model(self, executor: Any, x: torch.Tensor, options: dict, args: tuple, kwargs: dict) -> torch.Tensor:
         """Output-space caching of the whole diffusion model (families without block hooks).
@@ -168,6 +193,8 @@ class ActiveRun:
         try:
             if self.scheduled_hooks:
                 self._follow_hook_keyframes(options["sigmas"])
+            if self.control_ranges:
+                self._follow_controls(options["sigmas"])
             branches = options.get("cond_or_uncond") or (0,)
             keys = entry_keys(options.get("uuids") or [None] * len(branches), branches)
             return self.cache.begin(options["sigmas"], keys, branches, stack_input, signal)
@@ -183,6 +210,16 @@ class ActiveRun:
         if self.hook_strengths is not None and strengths != self.hook_strengths:
             self.cache.restart(self.cache.step_of(sigma), "a hook keyframe changed a strength")
         self.hook_strengths = strengths
+
+    def _follow_controls(self, sigma: torch.Tensor) -> None:
+        """A ControlNet starts or stops acting (its start/end percent): the kept residuals were
+        computed with the old set acting on the blocks, so the cache forgets them and this step
+        computes. As ComfyUI decides it: acting while low <= sigma <= high."""
+        value = self.cache.sigma_value(sigma)
+        acting = tuple(low <= value <= high for high, low in self.control_ranges)
+        if self.controls_acting is not None and acting != self.controls_acting:
+            self.cache.restart(self.cache.step_of(sigma), "a ControlNet starts or stops")
+        self.controls_acting = acting
 
     @torch.no_grad()
     def _after_head(self, call: StackCall, head_output: torch.Tensor) -> StackCall:
@@ -207,9 +244,9 @@ class ActiveRun:
             return None
 
     @torch.no_grad()
-    def _finish(self, call: StackCall, stack_output: torch.Tensor) -> None:
+    def _finish(self, call: StackCall, stack_output: torch.Tensor, added: torch.Tensor | None = None) -> None:
         try:
-            self.cache.finish(call, stack_output)
+            self.cache.finish(call, stack_output, added)
         except Exception as error:
             self._give_up(error)
 
@@ -218,9 +255,15 @@ class ActiveRun:
                        self.family.name, error, exc_info=True)
         self.cache.disable(f"cache error: {error!r}")
 
+    @torch.no_grad()
     def _skipped_output(self, hook: BlockHook, args: dict, cached: torch.Tensor) -> dict:
+        """The tail of a skipped call: stack input + estimated residual, plus this call's ControlNet
+        outputs where ComfyUI adds them between the blocks (the residual holds none)."""
+        options = args["transformer_options"]
+        added = self._control_added(options, cached)
         out = passthrough(args)
-        out["img"] = self.family.with_image(hook.kind, args["img"], cached)
+        out["img"] = self.family.with_image(hook.kind, args["img"], cached if added is None else added.add_(cached),
+                                            options)
         return out
 
 
@@ -274,6 +317,16 @@ def diffusion_model_wrapper(executor: Any, *args: Any, **kwargs: Any) -> Any:
     if run is None:
         return executor(*args, **kwargs)
     return run.run_model(executor, args[0], options, args, kwargs)
+
+
+def apply_model_wrapper(executor: Any, x: torch.Tensor, t: torch.Tensor, c_concat: Any = None, c_crossattn: Any = None,
+                        control: dict | None = None, transformer_options: dict | None = None, **kwargs: Any) -> Any:
+    """APPLY_MODEL wrapper (BaseModel.apply_model's arguments): hands a call's ControlNet outputs
+    to the block hooks, which take them out of the residual they keep and add them on a skip."""
+    transformer_options = {} if transformer_options is None else transformer_options  # apply_model's default
+    if control is not None and RUN_KEY in transformer_options:
+        transformer_options = {**transformer_options, CONTROL_KEY: control}
+    return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kwargs)
 
 
 def calc_cond_batch_wrapper(executor: Any, model: Any, conds: list, x_in: torch.Tensor, timestep: torch.Tensor,
@@ -377,8 +430,9 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
     use_signal = policy.uses_signal and cache.enabled
     label = f"{family.name} / {shown.label}"
     latent_channels = model.latent_format.latent_channels if family.caches_in_output_space else 0
+    conds = getattr(guider, "conds", None) or {}
     return ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal, latent_channels,
-                     scheduled_hooks(getattr(guider, "conds", None) or {}))
+                     scheduled_hooks(conds), control_ranges(conds, model_sampling.percent_to_sigma))
 
 
 def guidance_scale(guider: Any) -> float | None:
@@ -395,8 +449,10 @@ def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedu
     if schedule.steps < MIN_STEPS_TO_CACHE:
         return f"only {schedule.steps} steps: skipping would cost quality for little time"
     conds = getattr(guider, "conds", None) or {}
-    if any(c.get("control") is not None for entries in conds.values() for c in entries or ()):
-        return "ControlNet adds to the blocks' outputs, which a cached residual would count twice"
+    if (not family.control_lists and not family.caches_in_output_space
+            and any(c.get("control") is not None for entries in conds.values() for c in entries or ())):
+        return (f"ComfyUI adds a ControlNet's outputs between the {family.name} model's blocks in a way the "
+                "cache cannot keep apart from the residuals it reuses")
     if guider.model_options.get("context_handler") is not None:
         return "context windows evaluate the model per window; one cached residual cannot serve them all"
     if compiled_whole(guider.model_patcher):
@@ -408,6 +464,25 @@ def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedu
             return (f"ComfyUI's {name} is also on this model: two step caches would reuse each other's "
                     f"stale outputs; remove one of them")
     return replaced_hook(guider, family, guider.model_patcher.model.diffusion_model)
+
+
+def control_ranges(conds: dict, percent_to_sigma: Callable[[float], float]) -> list[tuple[float, float]]:
+    """The sigma ranges (high, low) of the run's ControlNets (each chained one too) that act on
+    part of the run only (a start or end percent), as ComfyUI's ControlBase.pre_run computes them,
+    rounded to float32 as its comparison with the model's sigma is made."""
+    ranges: list[tuple[float, float]] = []
+    seen: set[int] = set()
+    for entries in conds.values():
+        for cond in entries or ():
+            control = cond.get("control")
+            while control is not None and id(control) not in seen:
+                seen.add(id(control))
+                start, end = getattr(control, "timestep_percent_range", (0.0, 1.0))
+                if (start, end) != (0.0, 1.0):
+                    bounds = torch.tensor([percent_to_sigma(start), percent_to_sigma(end)], dtype=torch.float32)
+                    ranges.append((float(bounds[0]), float(bounds[1])))
+                control = getattr(control, "previous_controlnet", None)
+    return ranges
 
 
 def scheduled_hooks(conds: dict) -> list[Any]:
@@ -473,7 +548,8 @@ def install(model: Any, settings: CacheSettings, family: families.Family,
     """A clone of ``model`` (a ComfyUI ModelPatcher) with the cache hooks; ``model`` is untouched.
     ``observer``: a calibration's recorder, shown every run of the clone."""
     patched = model.clone()
-    for wrapper_type in (WrappersMP.OUTER_SAMPLE, WrappersMP.DIFFUSION_MODEL, WrappersMP.CALC_COND_BATCH):
+    for wrapper_type in (WrappersMP.OUTER_SAMPLE, WrappersMP.DIFFUSION_MODEL, WrappersMP.CALC_COND_BATCH,
+                         WrappersMP.APPLY_MODEL):
         patched.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
     patched.model_options.setdefault("transformer_options", {})[SETTINGS_KEY] = settings
     wrapper = outer_sample_wrapper if observer is None else OuterSampleWrapper(observer)
@@ -485,6 +561,8 @@ def install(model: Any, settings: CacheSettings, family: families.Family,
     if not keys:
         patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, diffusion_model_wrapper)
         return patched
+    if family.control_lists:
+        patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model_wrapper)
     existing = patched.model_options["transformer_options"].get("patches_replace", {}).get("dit", {})
     for position, (kind, index) in enumerate(keys):
         previous = existing.get((kind, index))

@@ -83,6 +83,16 @@ SPECS: dict[str, NodeSpec] = {
                                outputs=(("CONDITIONING", "CONDITIONING"),), width=420),
     "ConditioningZeroOut": NodeSpec("Conditioning Zero Out", inputs=(("conditioning", "CONDITIONING"),),
                                     outputs=(("CONDITIONING", "CONDITIONING"),)),
+    "ControlNetLoader": NodeSpec("Load ControlNet Model", widgets=("control_net_name",),
+                                 outputs=(("CONTROL_NET", "CONTROL_NET"),)),
+    "SetUnionControlNetType": NodeSpec("ControlNet Union Type", inputs=(("control_net", "CONTROL_NET"),),
+                                       widgets=("type",), outputs=(("CONTROL_NET", "CONTROL_NET"),)),
+    "LoadImage": NodeSpec("Load Image", widgets=("image",), outputs=(("IMAGE", "IMAGE"), ("MASK", "MASK"))),
+    "ControlNetApplyAdvanced": NodeSpec("Apply ControlNet",
+        inputs=(("positive", "CONDITIONING"), ("negative", "CONDITIONING"), ("control_net", "CONTROL_NET"),
+                ("image", "IMAGE"), ("vae", "VAE")),
+        widgets=("strength", "start_percent", "end_percent"),
+        outputs=(("positive", "CONDITIONING"), ("negative", "CONDITIONING"))),
     "FluxGuidance": NodeSpec("Flux Guidance", inputs=(("conditioning", "CONDITIONING"),), widgets=("guidance",),
                              outputs=(("CONDITIONING", "CONDITIONING"),)),
     # latents and model sampling
@@ -410,6 +420,49 @@ picked from the loaded model (`variant: auto`).
 (fast) [{SPEEDUP_SOURCE}]. Those figures are for the published rule at its fast settings
 (`quality: custom`, threshold 0.24, K 5, retention 0.1, as in the official MagCache4FLUX script);
 the quality levels' figures on the reference models are in docs/benchmark.md.
+{TUNING_MAGCACHE}""")
+    return w
+
+
+def flux1_dev_controlnet_magcache() -> Workflow:
+    w = Workflow("flux1_dev_controlnet_magcache")
+    w.groups = {0: "Load models", 1: "Prompt, control and latent", 2: "Step cache", 3: "Sample and save"}
+    unet = w.add("UNETLoader", 0, unet_name="flux1-dev.safetensors", weight_dtype="default")
+    clip = w.add("DualCLIPLoader", 0, clip_name1="clip_l.safetensors", clip_name2="t5xxl_fp16.safetensors",
+                 type="flux", device="default")
+    vae = w.add("VAELoader", 0, vae_name="ae.safetensors")
+    controlnet = w.add("ControlNetLoader", 0, control_net_name="FLUX.1-dev-ControlNet-Union-Pro-2.0.safetensors")
+    union = w.add("SetUnionControlNetType", 1, control_net=controlnet.out(), type="depth")
+    control_image = w.add("LoadImage", 1, title="Control image (a depth map)", image="depth.png")
+    text = w.add("CLIPTextEncode", 1, title="Prompt", clip=clip.out(),
+                 text="a red fox reading a newspaper in a sunlit cafe, film photograph")
+    guided = w.add("FluxGuidance", 1, conditioning=text.out(), guidance=3.5)
+    negative = w.add("ConditioningZeroOut", 1, title="Negative (unused at cfg 1)", conditioning=text.out())
+    controlled = w.add("ControlNetApplyAdvanced", 1, positive=guided.out(), negative=negative.out(),
+                       control_net=union.out(), image=control_image.out(), vae=vae.out(), strength=0.7,
+                       start_percent=0.0, end_percent=0.8)
+    latent = w.add("EmptySD3LatentImage", 1, width=1024, height=1024, batch_size=1)
+    cache = w.add("ApplyMagCache", 2, model=unet.out(), **MAGCACHE_DEFAULTS)
+    sampler = w.add("KSampler", 3, model=cache.out(), positive=controlled.out(0), negative=controlled.out(1),
+                    latent_image=latent.out(), seed=42, steps=28, cfg=1.0, sampler_name="euler",
+                    scheduler="simple", denoise=1.0)
+    decode = w.add("VAEDecode", 3, samples=sampler.out(), vae=vae.out())
+    w.add("SaveImage", 3, images=decode.out(), filename_prefix="stepcache/flux1_dev_controlnet")
+    w.note(f"""
+## FLUX.1 [dev] with a ControlNet and MagCache
+
+A depth ControlNet (a Union ControlNet set to `depth`) guides the image; **Apply MagCache** sits
+between the model loader and the KSampler as usual. On a skipped step the transformer blocks do not
+run and that step's ControlNet output is added as ComfyUI adds it; the ControlNet itself runs every
+step. It stops at 80% of the run (`end_percent`): that step computes, and the cache goes on after.
+
+**Files** (ComfyUI/models/...):
+- `diffusion_models/flux1-dev.safetensors` (black-forest-labs/FLUX.1-dev)
+- `text_encoders/clip_l.safetensors`, `text_encoders/t5xxl_fp16.safetensors`
+- `vae/ae.safetensors`
+- `controlnet/FLUX.1-dev-ControlNet-Union-Pro-2.0.safetensors`
+  (Shakker-Labs/FLUX.1-dev-ControlNet-Union-Pro-2.0; any FLUX ControlNet works)
+- a depth map as `depth.png` in ComfyUI/input (or any control image its type expects)
 {TUNING_MAGCACHE}""")
     return w
 
@@ -765,7 +818,8 @@ link; delete that file (the report names it) to stop using it.
 
 
 WORKFLOWS: tuple[Callable[[], Workflow], ...] = (
-    flux1_dev_magcache, flux2_dev_teacache, flux2_dev_calibrate_magcache, wan21_t2v_magcache,
+    flux1_dev_magcache, flux1_dev_controlnet_magcache, flux2_dev_teacache, flux2_dev_calibrate_magcache,
+    wan21_t2v_magcache,
     wan22_t2v_two_stage_magcache, hunyuan_video_magcache, qwen_image_magcache,
     demo_image_magcache, demo_image_teacache, demo_image_calibrate_magcache,
 )

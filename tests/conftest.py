@@ -13,7 +13,7 @@ import pytest
 
 from harness import host as host_module
 
-FAMILY_ARGUMENTS = ("tiny_family", "block_family", "output_space_family")
+FAMILY_ARGUMENTS = ("tiny_family", "block_family", "output_space_family", "controlled_family", "single_stream_family")
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +46,9 @@ def baselines(host):
 
 def tiny_family_names(kind: str = "tiny_family") -> list[str]:
     """The registry's tiny models this ComfyUI has the class of, optionally only those whose pack
-    family caches through block hooks (``block_family``) or in output space."""
+    family caches through block hooks (``block_family``), in output space, or through block hooks
+    with ControlNet outputs kept apart (``controlled_family``) or with single-stream blocks
+    (``single_stream_family``)."""
     booted = host_module.boot()
     tiny = booted.test_module("tiny_models")
     pack_families = {family.name: family for family in booted.pack_module("families").FAMILIES}
@@ -56,7 +58,11 @@ def tiny_family_names(kind: str = "tiny_family") -> list[str]:
             continue
         family = pack_families.get(spec.family)
         output_space = family is not None and family.caches_in_output_space
-        if kind == "tiny_family" or (kind == "output_space_family") == output_space:
+        if kind in ("controlled_family", "single_stream_family"):
+            if family is not None and (family.control_lists if kind == "controlled_family"
+                                       else family.single_stream):
+                names.append(name)
+        elif kind == "tiny_family" or (kind == "output_space_family") == output_space:
             names.append(name)
     return names
 

@@ -34,6 +34,7 @@ CACHE_NODES = {"ApplyMagCache", "ApplyTeaCache"}
 # architecture; the workflow picks its variant by hand, which the tiny Wan 2.1 model takes too.
 TINY_FAMILY = {
     "flux1_dev_magcache": "flux",
+    "flux1_dev_controlnet_magcache": "flux",
     "flux2_dev_teacache": "flux2",
     "flux2_dev_calibrate_magcache": "flux2",
     "wan21_t2v_magcache": "wan21",
@@ -46,6 +47,7 @@ TINY_FAMILY = {
 # that variant, as a user would for a fine-tune.
 REAL_VARIANT = {
     "flux1_dev_magcache": "flux.1-dev",
+    "flux1_dev_controlnet_magcache": "flux.1-dev",
     "wan21_t2v_magcache": "wan2.1-t2v-1.3b",
     "hunyuan_video_magcache": "hunyuanvideo-544p",  # 848 x 480: the 544p table
     "qwen_image_magcache": "qwen-image",
@@ -55,7 +57,8 @@ DEMO_PREFIX = "demo_"
 # Pixels per latent cell of each empty-latent node, to ask it for the tiny model's latent size.
 LATENT_STRIDE = {"EmptySD3LatentImage": 8, "EmptyFlux2LatentImage": 16, "EmptyHunyuanLatentVideo": 8}
 FILE_LOADERS = {"UNETLoader", "CLIPLoader", "DualCLIPLoader", "VAELoader"}
-MODEL_FILE_WIDGETS = {"unet_name", "clip_name", "clip_name1", "clip_name2", "vae_name"}
+# Widgets naming the user's files, which are not on this host.
+MODEL_FILE_WIDGETS = {"unet_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "control_net_name", "image"}
 DECODERS = {"VAEDecode", "VAEDecodeTiled"}
 
 
@@ -259,8 +262,10 @@ def tiny_graph(graph: dict, family: str, tiny_spatial: tuple[int, ...]) -> dict:
 
     Diffusion models become StepCacheTestTinyModel (one seed per loader: two Wan 2.2 experts stay two
     models), text encoding StepCacheTestConditioning, empty latents ask for the tiny latent size,
-    and VAE decoding an output node that keeps nothing (what it fed is dropped). Everything else
-    (cache nodes, model sampling, guidance, samplers, stages) is the user's graph, unchanged.
+    and VAE decoding an output node that keeps nothing (what it fed is dropped). A ControlNet becomes
+    a tiny one for the (first) tiny model, its image an EmptyImage of the tiny size, and it takes no
+    VAE. Everything else (cache nodes, model sampling, guidance, samplers, stages, ControlNet
+    application) is the user's graph, unchanged.
     """
     graph = copy.deepcopy(graph)
     height, width = tiny_spatial[-2:]
@@ -282,6 +287,16 @@ def tiny_graph(graph: dict, family: str, tiny_spatial: tuple[int, ...]) -> dict:
             inputs["width"], inputs["height"] = width * 16, height * 16
         elif kind in DECODERS:
             graph[node_id] = {"class_type": "StepCacheTestLatentSink", "inputs": {"samples": inputs["samples"]}}
+        elif kind == "ControlNetLoader":
+            (model_id, *_) = sorted((i for i, n in graph.items() if n["class_type"] in ("UNETLoader",
+                                     "StepCacheTestTinyModel")), key=int)
+            graph[node_id] = {"class_type": "StepCacheTestTinyControlNet",
+                              "inputs": {"model": [model_id, 0], "seed": 0, "union_modes": 0}}
+        elif kind == "LoadImage":
+            graph[node_id] = {"class_type": "EmptyImage", "inputs": {"width": width * 8, "height": height * 8,
+                                                                     "batch_size": 1, "color": 0x808080}}
+        elif kind == "ControlNetApplyAdvanced":
+            inputs.pop("vae", None)
     # Drop the file loaders and whatever consumed a decoded image (savers, video muxers).
     dropped = {node_id for node_id, node in graph.items() if node["class_type"] in FILE_LOADERS}
     while True:

@@ -61,14 +61,6 @@ def test_measuring_every_residual_leaves_the_output_bit_identical(baselines, tin
     assert run_stats["calls_skipped"] == 0 and run_stats["calls_computed"] == 12
 
 
-def image_part(stream: torch.Tensor, tokens: int, layout: str | None) -> torch.Tensor:
-    if layout == "txt_img":
-        return stream[:, -tokens:]
-    if layout == "img_txt":
-        return stream[:, :tokens]
-    return stream
-
-
 def test_a_forced_skip_applies_exactly_input_plus_last_residual(baselines, block_family):
     """Record the stack's input and output around the pack's own head and tail hooks.
 
@@ -82,8 +74,8 @@ def test_a_forced_skip_applies_exactly_input_plus_last_residual(baselines, block
     patched, node_id = apply(model, "magcache", threshold=100.0, max_consecutive_skips=100,
                              retention_ratio=0.0, ratios=flux_ratios())
     dit = patched.model_options["transformer_options"]["patches_replace"]["dit"]
-    keys = pack("families").family_for(model.model).block_keys(model.model.diffusion_model)
-    layout = pack("families").family_for(model.model).single_stream
+    pack_family = pack("families").family_for(model.model)
+    keys = pack_family.block_keys(model.model.diffusion_model)
     head_key, tail_key = keys[0], keys[-1]
     head_hook, tail_hook = dit[head_key], dit[tail_key]
     inputs, outputs = [], []
@@ -95,7 +87,8 @@ def test_a_forced_skip_applies_exactly_input_plus_last_residual(baselines, block
     def tail_probe(args, extra):
         out = tail_hook(args, extra)
         tokens = inputs[-1].shape[1]
-        outputs.append(image_part(out["img"], tokens, layout if tail_key[0] == "single_block" else None).clone())
+        # (where ComfyUI reads the image tokens: test_a_skipped_call_hands_comfyui_...)
+        outputs.append(pack_family.image_part(tail_key[0], out["img"], tokens, args["transformer_options"]).clone())
         return out
 
     # The probes wrap the pack's hooks, and say so (__wrapped__), so the run still caches.
@@ -200,3 +193,56 @@ def test_every_model_class_of_this_comfyui_is_cached_and_tested_or_unsupported_w
              if hasattr(comfy.supported_models, spec.config_class)}
     untested = (present & set(cached)) - built
     assert not untested, f"cached classes without a tiny model: {sorted(untested)}"
+
+
+def test_a_skipped_call_hands_comfyui_the_stack_input_plus_the_kept_residual(baselines, single_stream_family):
+    """What ComfyUI itself takes out of the stream after the stack (the final layer's input) is,
+    on a skipped call, the stack input + the residual ComfyUI took out on the last computed call;
+    found without the pack's own idea of where the image tokens sit (single-stream layouts differ
+    between ComfyUI versions: HunyuanVideo's is cat(txt, img) in 0.30.0, cat(img, txt) before)."""
+    from harness.sampling import Job, apply, pack, patterns
+
+    family = single_stream_family
+    model, _ = baselines[family]
+    diffusion_model = model.model.diffusion_model
+    patched, node_id = apply(model, "magcache", threshold=100.0, max_consecutive_skips=100,
+                             retention_ratio=0.0, ratios=flux_ratios())
+    dit = patched.model_options["transformer_options"]["patches_replace"]["dit"]
+    head_key = pack("families").family_for(model.model).block_keys(model.model.diffusion_model)[0]
+    head_hook = dit[head_key]
+    inputs, finals = [], []
+
+    def head_probe(args, extra):
+        inputs.append(args["img"].clone())
+        return head_hook(args, extra)
+
+    head_probe.__wrapped__ = head_hook
+    dit[head_key] = head_probe
+    final_layer = getattr(diffusion_model, "final_layer", None)
+    if final_layer is not None:
+        handle = final_layer.register_forward_pre_hook(lambda module, args: finals.append(args[0].clone()))
+    else:  # ChromaRadiance: forward_orig returns the image tokens to its pixel decoder
+        forward_orig = diffusion_model.forward_orig
+
+        def watched(*args, **kwargs):
+            out = forward_orig(*args, **kwargs)
+            finals.append(out.clone())
+            return out
+
+        diffusion_model.forward_orig = watched
+    try:
+        Job(family).run(patched)
+    finally:
+        if final_layer is not None:
+            handle.remove()
+        else:
+            del diffusion_model.forward_orig
+    pattern = patterns(node_id)["cond"]
+    assert pattern.startswith("CS") and len(finals) == len(inputs), pattern
+    assert finals[0].shape == inputs[0].shape
+    residual = None
+    for step, outcome in enumerate(pattern):
+        if outcome == "C":
+            residual = finals[step] - inputs[step]
+        else:
+            assert torch.allclose(finals[step], inputs[step] + residual, atol=1e-5, rtol=1e-5), step

@@ -145,26 +145,3 @@ def test_reapplying_replaces_the_cache_and_keeps_another_packs_block_patch(flux)
     assert run_stats["method"] == "MagCache" and run_stats["calls_skipped"] > 0
     # The other pack's patch runs exactly on the computed calls, once each.
     assert len(calls) == run_stats["calls_computed"]
-
-
-def test_controlnet_turns_skipping_off_so_its_additions_are_not_counted_twice(host, flux):
-    import nodes
-
-    from harness.sampling import Job, apply, stats
-
-    tiny = host.test_module("tiny_models")
-    job = Job("flux")
-    positive, negative = job.conds()
-    hint = torch.rand(1, 16, 16, 16, generator=torch.Generator().manual_seed(3)).movedim(1, -1)
-    positive, negative = nodes.ControlNetApplyAdvanced().apply_controlnet(
-        positive, negative, tiny.build_flux_controlnet(), hint, 0.8, 0.0, 1.0)
-
-    def run(model):
-        return nodes.common_ksampler(model, job.seed, job.steps, job.cfg, job.sampler, job.scheduler,
-                                     positive, negative, job.latent())[0]["samples"]
-
-    patched, node_id = apply(flux, "magcache", threshold=5.0, max_consecutive_skips=50, retention_ratio=0.0,
-                             variant="flux.1-dev")
-    out = run(patched)
-    assert "ControlNet" in stats(node_id)["disabled_reason"]
-    assert torch.equal(out, run(flux))

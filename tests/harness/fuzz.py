@@ -23,6 +23,7 @@ CI-sized budget. Import after ``host.boot()``.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import random
@@ -54,6 +55,9 @@ CHECKS = [("off", 0.1), ("off", 0.1), ("first_block", 0.05), ("first_block", 10.
 # Another pack's block patch: none (most runs), or put on before / after the Apply node, on the
 # stack's first or last block.
 FOREIGN_PATCHES = [None, None, None, ("before", 0), ("before", -1), ("after", 0), ("after", -1)]
+# A ControlNet (start, end percent) on the tiny FLUX, which the tests have a ControlNet for.
+CONTROLNET_CHANCE = 0.2
+CONTROLNETS = [(0.0, 1.0), (0.0, 0.5), (0.3, 1.0)]
 MIN_STEPS_TO_CACHE = 10
 INTERRUPT_WRAPPER_KEY = "stepcache-fuzz-interrupt"
 
@@ -139,6 +143,7 @@ class RunSpec:
     seed: int
     quality: str = "custom"  # at a level, the expert inputs (threshold, estimator, ...) are not used
     foreign_patch: tuple[str, int] | None = None  # ("before" | "after", block position)
+    controlnet: tuple[float, float] | None = None  # a ControlNet's start and end percent
 
     @property
     def never_skips(self) -> bool:
@@ -154,9 +159,11 @@ class RunSpec:
         return self.steps
 
     def job(self) -> sampling.Job:
+        control = {} if self.controlnet is None else {"controlnet": controlnet_for(self.family),
+                                                      "control_percent": self.controlnet}
         return sampling.Job(self.family, seed=self.seed, steps=self.steps, cfg=self.cfg, sampler=self.sampler,
                             scheduler=self.scheduler, denoise=self.denoise, batch=self.batch, scale=self.scale,
-                            frames=self.frames)
+                            frames=self.frames, **control)
 
     def run(self, model: Any) -> torch.Tensor:
         """As ComfyUI's executor runs a node: under torch.inference_mode (execution.py)."""
@@ -167,8 +174,16 @@ class RunSpec:
             return job.run_advanced(model, *self.advanced)
 
 
+@functools.cache
+def controlnet_for(family: str) -> Any:
+    return sampling.tiny().tiny_controlnet(sampling.tiny().build_model(family, seed=0), seed=3)
+
+
 def draw(rng: random.Random, covered: Coverage) -> RunSpec:
     family = rng.choice(covered.tiny_models)
+    controlnet = None
+    if rng.random() < CONTROLNET_CHANCE:
+        family, controlnet = "flux", rng.choice(CONTROLNETS)
     method = rng.choice(["teacache", "magcache"])
     steps = rng.choice([6, 10, 12, 14, 16])
     advanced = None
@@ -184,6 +199,7 @@ def draw(rng: random.Random, covered: Coverage) -> RunSpec:
         advanced=advanced,
         interrupt_after=rng.randrange(1, max(2, steps - 1)) if rng.random() < 0.15 else None,
         seed=rng.randrange(1000), quality=rng.choice(QUALITIES), foreign_patch=rng.choice(FOREIGN_PATCHES),
+        controlnet=controlnet,
     )
 
 
@@ -196,6 +212,7 @@ class Report:
     identical_checks: int = 0
     families: Counter = field(default_factory=Counter)
     foreign_patches: Counter = field(default_factory=Counter)  # runs with another pack's patch, by placement
+    controlnets: Counter = field(default_factory=Counter)  # runs with a ControlNet, by start-end percent
     exceptions: list[str] = field(default_factory=list)
     stale_state_mismatches: list[str] = field(default_factory=list)
     uncached_mismatches: list[str] = field(default_factory=list)
@@ -221,6 +238,8 @@ class Report:
             "tiny models: " + ", ".join(f"{k} {v}" for k, v in sorted(self.families.items())),
             "another pack's block patch: "
             + (", ".join(f"{k} Apply {v}" for k, v in sorted(self.foreign_patches.items())) or "none drawn"),
+            "ControlNet (start-end percent): "
+            + (", ".join(f"{k}: {v}" for k, v in sorted(self.controlnets.items())) or "none drawn"),
             f"exceptions: {len(self.exceptions)}",
             f"stale-state mismatches: {len(self.stale_state_mismatches)}",
             f"uncached runs not identical to unpatched: {len(self.uncached_mismatches)}",
@@ -299,7 +318,7 @@ class Driver:
 
     def reused(self, spec: RunSpec) -> tuple[Any, str]:
         key = (spec.family, spec.method, spec.threshold, spec.estimator, spec.cfg_branches, spec.check, spec.quality,
-               spec.foreign_patch)
+               spec.foreign_patch)  # (a ControlNet is on the conditioning, not the model)
         if key not in self.patched:
             self.patched[key] = self.apply(spec)
         return self.patched[key]
@@ -340,6 +359,8 @@ class Driver:
         report.families[spec.family] += 1
         if spec.foreign_patch is not None:
             report.foreign_patches[spec.foreign_patch[0]] += 1
+        if spec.controlnet is not None:
+            report.controlnets["{:g}-{:g}".format(*spec.controlnet)] += 1
         patched, node_id = self.reused(spec)
         try:
             output = self.run_interruptible(spec, patched)

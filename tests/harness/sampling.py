@@ -50,14 +50,24 @@ class Job:
     positive_seed: int = 1
     negative_seed: int = 2
     extra: dict = field(default_factory=dict)
+    # A ControlNet on both prompts (ControlNetApplyAdvanced, an RGB hint), its start and end percent.
+    controlnet: Any = None
+    control_percent: tuple[float, float] = (0.0, 1.0)
 
     def latent(self) -> dict:
         return tiny().empty_latent(self.family, self.batch, self.scale, self.frames)
 
     def conds(self) -> tuple[list, list]:
         t = tiny()
-        return (t.conditioning(self.family, self.positive_seed, self.batch),
-                t.conditioning(self.family, self.negative_seed, self.batch))
+        positive = t.conditioning(self.family, self.positive_seed, self.batch)
+        negative = t.conditioning(self.family, self.negative_seed, self.batch)
+        if self.controlnet is None:
+            return positive, negative
+        latent = self.latent()["samples"]
+        hint = torch.rand(latent.shape[0], latent.shape[-2] * 8, latent.shape[-1] * 8, 3,
+                          generator=torch.Generator().manual_seed(self.seed))
+        return tuple(nodes.ControlNetApplyAdvanced().apply_controlnet(positive, negative, self.controlnet, hint, 0.3,
+                                                                      *self.control_percent)[:2])
 
     def run(self, model: Any) -> torch.Tensor:
         """KSampler (nodes.common_ksampler)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
-from .tiny_models import FAMILIES, build_model, conditioning, empty_latent
+from .tiny_models import FAMILIES, build_model, conditioning, empty_latent, tiny_controlnet
 
 FAMILY_NAMES = sorted(FAMILIES)
 
@@ -135,9 +135,31 @@ class BlockPatch(io.ComfyNode):
         return io.NodeOutput(patched)
 
 
+class TinyControlNet(io.ComfyNode):
+    """A tiny ControlNet for a FLUX, Qwen-Image or SD3 model (``tiny_models.tiny_controlnet``): stands in
+    for ControlNetLoader when an example workflow runs on a tiny model."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StepCacheTestTinyControlNet",
+            category="stepcache/testing",
+            inputs=[
+                io.Model.Input("model"),
+                io.Int.Input("seed", default=0, min=0, max=2**31 - 1),
+                io.Int.Input("union_modes", default=0, min=0, max=16),
+            ],
+            outputs=[io.ControlNet.Output()],
+        )
+
+    @classmethod
+    def execute(cls, model: object, seed: int, union_modes: int) -> io.NodeOutput:
+        return io.NodeOutput(tiny_controlnet(model, seed, union_modes))
+
+
 class TestNodes(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [TinyModel, TinyConditioning, TinyLatent, LatentSink, BlockPatch]
+        return [TinyModel, TinyConditioning, TinyLatent, LatentSink, BlockPatch, TinyControlNet]
 
 
 async def comfy_entrypoint() -> ComfyExtension:

@@ -609,24 +609,82 @@ def build_sd15_unet(seed: int = 0) -> comfy.model_patcher.ModelPatcher:
     return model_builder.build_from_template(_template("sd15_unet"), seed)
 
 
-def build_flux_controlnet(seed: int = 0) -> object:
-    """A tiny FLUX ControlNet (InstantX style, latent hint) around ComfyUI's ControlNetFlux.
+def tiny_controlnet(model: comfy.model_patcher.ModelPatcher, seed: int = 0, union_modes: int = 0) -> object:
+    """A tiny ControlNet for ``model`` (a FLUX, Qwen-Image or SD3 architecture: the tiny models or the
+    demo image model), made as ComfyUI's ControlNet loaders make theirs: ComfyUI's ControlNet class
+    for that architecture, configured like the model (its width, heads and inputs) with one block
+    (FLUX: one double and one single), inside a ``comfy.controlnet.ControlNet``. Seeded random
+    weights, output projections included, so it changes what the model makes. (ComfyUI's loaders
+    cannot make ones this small: their detection fixes the head size.)
 
-    ComfyUI's own ControlNet loaders detect the config from a full-size checkpoint (they
-    hard-code its head count), so this one is built as they build theirs, with the config
-    detection made for the tiny flux model."""
+    FLUX without ``union_modes``: XLabs-style, an RGB image hint (``controlnet_hint``). FLUX with
+    ``union_modes`` > 0 (InstantX Union style; ComfyUI's SetUnionControlNetType picks the mode),
+    Qwen-Image (InstantX) and SD3: a latent hint, as their loaders' ControlNets take one once a VAE
+    encoded the image (these take the latent directly: no VAE in the tests)."""
     import comfy.controlnet
-    import comfy.ldm.flux.controlnet
     import comfy.ops
 
-    template = FAMILIES["flux"].template
-    config = model_builder.model_config(model_builder.random_state_dict(template, seed), template.overlay)
-    control_model = comfy.ldm.flux.controlnet.ControlNetFlux(
-        latent_input=True, operations=comfy.ops.disable_weight_init, **config.unet_config
-    )
-    weights = model_builder.template_of(control_model.state_dict())
-    control_model.load_state_dict(model_builder.random_state_dict(weights, seed))
-    return comfy.controlnet.ControlNet(
-        control_model, compression_ratio=1, latent_format=None, load_device=torch.device("cpu"),
-        manual_cast_dtype=None, extra_conds=["y", "guidance"],
-    )
+    config = dict(model.model.model_config.unet_config)
+    operations = comfy.ops.disable_weight_init
+    latent_hint = {"compression_ratio": 1}
+    architecture = type(model.model).__name__
+    if architecture == "QwenImage":
+        import comfy.ldm.qwen_image.controlnet
+
+        control_model = comfy.ldm.qwen_image.controlnet.QwenImageControlNetModel(
+            operations=operations, **dict(config, num_layers=1))
+        kwargs = {**latent_hint, "extra_conds": []}
+    elif architecture == "SD3":
+        import comfy.cldm.mmdit
+
+        control_model = comfy.cldm.mmdit.ControlNet(num_blocks=1, control_latent_channels=config["in_channels"],
+                                                    operations=operations, **config)
+        kwargs = latent_hint
+    else:
+        import comfy.ldm.flux.controlnet
+
+        union = {"latent_input": True, "num_union_modes": union_modes} if union_modes else {}
+        control_model = comfy.ldm.flux.controlnet.ControlNetFlux(
+            operations=operations, **union, **dict(config, depth=1, depth_single_blocks=1))
+        kwargs = {**(latent_hint if union_modes else {}), "extra_conds": ["y", "guidance"]}
+    control_model.load_state_dict(model_builder.random_state_dict(model_builder.template_of(control_model.state_dict()),
+                                                                  seed))
+    return comfy.controlnet.ControlNet(control_model, load_device=torch.device("cpu"), **kwargs)
+
+
+def controlnet_hint(controlnet: object, latent: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """An IMAGE for ``controlnet`` (from ``tiny_controlnet``) at ``latent``'s size: RGB at the pixel
+    size (VAE stride 8) for one that takes images, else the latent's own shape, channels last."""
+    gen = torch.Generator().manual_seed(seed)
+    if controlnet.compression_ratio == 1:
+        return torch.randn(latent.shape, generator=gen).movedim(1, -1)
+    return torch.rand(latent.shape[0], latent.shape[-2] * 8, latent.shape[-1] * 8, 3, generator=gen)
+
+
+def fixed_control(tokens: int = 1, blocks: int = 64, scale: float = 0.05) -> object:
+    """A ControlNet stand-in for families ComfyUI has no ControlNet class for in the tests (or none
+    at all): a ``comfy.controlnet.ControlBase`` whose outputs are fixed per block, sigma and token,
+    in both of the lists ComfyUI's forwards read ("input" and "output"), ``tokens`` long (the image
+    stream's length: some forwards add them to the whole stream) and one channel wide (ComfyUI
+    broadcasts them over the width). ``calls`` counts its evaluations."""
+    import comfy.controlnet
+
+    pattern = torch.randn(1, tokens, 1, generator=torch.Generator().manual_seed(tokens))
+
+    class Fixed(comfy.controlnet.ControlBase):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def get_control(self, x_noisy: torch.Tensor, t: torch.Tensor, cond: dict, batched_number: int,
+                        transformer_options: dict) -> dict:
+            self.calls += 1
+            wave = torch.sin(3.0 * t.reshape(-1)[0].float()).item()
+            rows = pattern.to(x_noisy).expand(x_noisy.shape[0], -1, -1)
+            outputs = [scale * (1 + index % 3) * wave * rows for index in range(blocks)]
+            return {"input": outputs, "output": list(outputs), "middle": []}
+
+        def copy(self) -> comfy.controlnet.ControlBase:
+            return self
+
+    return Fixed()
