@@ -240,3 +240,64 @@ def test_a_context_handler_of_another_kind_is_refused(host):
 
     reason = pack("nodes.runtime").context_windows_refused(OtherHandler())
     assert reason is not None and "OtherHandler" in reason
+
+
+# Inputs ComfyUI 0.30.0 added to ContextWindowsManual (0.3.75 lacks them: skipped there).
+NEWER_INPUTS = [dict(causal_window_fix=False), dict(freenoise=True), dict(split_conds_to_windows=True)]
+
+
+@pytest.mark.parametrize("extra", NEWER_INPUTS, ids=lambda extra: next(iter(extra)))
+def test_the_newer_window_inputs_cache_too(wan, job, extra):
+    from harness.sampling import stats
+
+    declared = {i.id for i in node("ContextWindowsManual").GET_SCHEMA().inputs}
+    if not set(extra) <= declared:
+        pytest.skip(f"this ComfyUI's ContextWindowsManual has no {next(iter(extra))}")
+    windowed = with_windows(wan, "ContextWindowsManual", "standard_static",
+                            {**NODE_INPUTS["ContextWindowsManual"], **extra})
+    uncached = job.run(windowed)
+    zero, _ = magcache(windowed, threshold=0.0)
+    assert torch.equal(job.run(zero), uncached)
+    patched, node_id = magcache(windowed, **FORCED)
+    first = job.run(patched)
+    assert stats(node_id)["calls_skipped"] > 0 and not torch.equal(first, uncached)
+    assert torch.equal(job.run(patched), first)
+
+
+def pytest_generate_tests(metafunc):
+    """The tiny Wan models beside the plain one that this ComfyUI builds (I2V, VACE, camera, 2.2 5B,
+    HuMo, ...)."""
+    if "wan_variant" in metafunc.fixturenames:
+        from harness import host as host_module
+
+        tiny = host_module.boot().test_module("tiny_models")
+        metafunc.parametrize("wan_variant", [
+            name for name, spec in tiny.FAMILIES.items()
+            if spec.family == "wan" and name != "wan21" and spec.available() and spec.latent_spatial[0] > 1])
+
+
+def test_the_other_tiny_wan_models_cache_per_window(host, wan_variant):
+    """Their extra conditioning (an image to extend, VACE frames, camera poses) is sliced per window
+    by ComfyUI. ComfyUI 0.3.75, whose models have no resize_cond_for_context_window, cannot slice
+    some of it (its own uncached run fails): skipped there."""
+    from harness.sampling import Job, apply, stats
+
+    model = host.test_module("tiny_models").build_model(wan_variant, seed=0)
+    windowed = with_windows(model, "WanContextWindowsManual", "standard_static")
+    job = Job(wan_variant, frames=FRAMES)
+    try:
+        uncached = job.run(windowed)
+    except RuntimeError as error:
+        if hasattr(model.model, "resize_cond_for_context_window"):
+            raise
+        pytest.skip(f"this ComfyUI's context windows fail on {wan_variant} uncached: {error}")
+    # A published Wan table chosen by name (only the mechanics matter on random weights).
+    variant = next(v.name for v in host.pack_module("families").family_for(model.model).variants if v.magcache)
+    zero, _ = apply(windowed, "magcache", threshold=0.0, variant=variant)
+    assert torch.equal(job.run(zero), uncached)
+    patched, node_id = apply(windowed, "magcache", variant=variant, **FORCED)
+    first = job.run(patched)
+    run_stats = stats(node_id)
+    windows = len(windows_per_step(windowed, FRAMES, 1)[0])
+    assert run_stats["calls_skipped"] > 0 and all(b["entries"] == windows for b in run_stats["branches"])
+    assert torch.equal(job.run(patched), first)
