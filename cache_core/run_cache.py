@@ -10,6 +10,8 @@ last computed calls, as many as the estimator uses, in that entry's rows:
   the batch computes and every entry in it counts the step as computed, with a fresh residual.
   Because residuals are kept per entry, a branch computed in a batched call can be skipped in a
   call of its own and the other way round (``plan_branches``: separate CFG branches).
+- an entry without a call at the previous step (a context window that moved: entries are keyed
+  by window too) is retired when the next step starts: its tensors are freed, its counts kept.
 - a skipped call returns stack input + the estimator's weighted sum of the entry's residuals at
   the call's model time (``history.estimate``).
 - a check against real computation can veto a skip the policy wants (``check``,
@@ -48,7 +50,7 @@ from .stats import BranchStats, RunStats, branch_name
 class Entry:
     """One conditioning entry of the run: its decision state and its kept residuals."""
 
-    __slots__ = ("branch", "head", "history", "key", "measured", "signal", "state")
+    __slots__ = ("branch", "called_step", "head", "history", "key", "measured", "signal", "state")
 
     def __init__(self, key: Hashable, branch: int, state: EntryState, history: ResidualHistory,
                  head: ResidualHistory | None) -> None:
@@ -59,6 +61,7 @@ class Entry:
         self.head = head  # head-block residuals of the same computed calls (first-block check)
         self.signal: torch.Tensor | None = None  # TeaCache: its rows of the last call's signal
         self.measured = MeasuredError()  # the estimator's error at the last computed call
+        self.called_step = -1  # the last step with a call of this entry
 
     def clear(self) -> None:
         self.history.clear()
@@ -157,6 +160,10 @@ class RunCache:
         self.disabled_reason: str | None = reason
         self.trace: list[dict] | None = [] if record_trace else None
         self._entries: dict[Hashable, Entry] = {}
+        # Entries that missed a step (a context window that moved): their tensors are freed, their
+        # counts stay in the statistics.
+        self._retired: list[EntryState] = []
+        self._called_step = -1  # the step of the latest call
         self._sigma_tensor: torch.Tensor | None = None
         self._sigma_value = 0.0
         self._sigma_step = 0
@@ -199,6 +206,21 @@ class RunCache:
             self._sigma_step = self.schedule.step_of(self._sigma_value)
         return self._sigma_step
 
+    def _enter_step(self, step: int) -> None:
+        """At the first call of a step: an entry without a call at the previous one (a context
+        window that moved; ComfyUI's uniform schedules shift windows by the step) is retired, its
+        residuals freed; its key, if it comes back, starts as a new entry that computes first.
+        Residuals and policy state then always cover consecutive steps, and the cache holds the
+        windows of two steps at most."""
+        previous, self._called_step = self._called_step, step
+        if previous < 0 or previous == step:
+            return
+        for key, entry in list(self._entries.items()):
+            if entry.called_step != previous:
+                entry.clear()
+                self._retired.append(entry.state)
+                del self._entries[key]
+
     def _entry(self, key: Hashable, branch: int) -> Entry:
         entry = self._entries.get(key)
         if entry is None:
@@ -206,6 +228,7 @@ class RunCache:
             entry = self._entries[key] = Entry(
                 key, branch, self.policy.new_state(branch), ResidualHistory(capacity, self.cache_device),
                 ResidualHistory(capacity) if self.runs_head_first else None)
+        entry.called_step = self._called_step  # only ever asked for the current step's calls
         return entry
 
     # Separate CFG branches ---------------------------------------------------------------
@@ -224,6 +247,7 @@ class RunCache:
         if self.policy.uses_signal:
             return [[index] for index in present]
         step = self.step_of(sigma)
+        self._enter_step(step)
         skipping, computing = [], []
         for index in present:
             entries = [self._entry(key, index) for key in branch_keys[index]]
@@ -272,6 +296,8 @@ class RunCache:
         if not self.enabled:
             return PASSTHROUGH
         step = self.current_step = self.step_of(sigma)
+        if step != self._called_step:
+            self._enter_step(step)
         time = self.schedule.time_of(self._sigma_value, step)
         entries = tuple(self._entry(key, branch) for key, branch in zip(keys, branches, strict=True))
         if stack_input.shape[0] % len(entries):
@@ -449,15 +475,16 @@ class RunCache:
 
     def stats(self) -> RunStats:
         by_branch: dict[int, list[EntryState]] = {}
-        for entry in self._entries.values():
-            by_branch.setdefault(entry.branch, []).append(entry.state)
+        for state in [entry.state for entry in self._entries.values()] + self._retired:
+            by_branch.setdefault(state.branch, []).append(state)
         branches = tuple(
             BranchStats(
                 branch=branch_name(branch),
                 entries=len(states),
                 steps_computed=sum(s.steps_computed for s in states),
                 steps_skipped=sum(s.steps_skipped for s in states),
-                pattern="".join(states[0].outcomes),
+                # the entry with the most steps (context windows: a window that never moved)
+                pattern="".join(max(states, key=lambda state: len(state.outcomes)).outcomes),
             )
             for branch, states in sorted(by_branch.items())
         )
@@ -484,6 +511,7 @@ class RunCache:
         for entry in self._entries.values():
             entry.clear()
         self._entries.clear()
+        self._retired.clear()
         self._sigma_tensor = None
         self.trace = None
         return stats

@@ -20,7 +20,8 @@ class BranchStats:
     entries: int
     steps_computed: int
     steps_skipped: int
-    # Per step of the branch's first entry: "C" computed, "S" skipped.
+    # Per step of the branch's entry with the most steps (its first, but for context windows that
+    # moved): "C" computed, "S" skipped.
     pattern: str = ""
 
     @property

@@ -196,7 +196,8 @@ class ActiveRun:
             if self.control_ranges:
                 self._follow_controls(options["sigmas"])
             branches = options.get("cond_or_uncond") or (0,)
-            keys = entry_keys(options.get("uuids") or [None] * len(branches), branches)
+            keys = entry_keys(options.get("uuids") or [None] * len(branches), branches,
+                              window_key(options.get("context_window")))
             return self.cache.begin(options["sigmas"], keys, branches, stack_input, signal)
         except Exception as error:  # never break sampling over the cache
             self._give_up(error)
@@ -229,15 +230,16 @@ class ActiveRun:
             self._give_up(error)
             return PASSTHROUGH
 
-    def plan_branches(self, conds: list, sigma: torch.Tensor) -> list[list[int]] | None:
-        """Separate CFG branches: the groups of branches to evaluate in calls of their own."""
+    def plan_branches(self, conds: list, sigma: torch.Tensor, window: Any = None) -> list[list[int]] | None:
+        """Separate CFG branches: the groups of branches to evaluate in calls of their own
+        (``window``: the context window being evaluated, if any)."""
         if not self.cache.enabled:
             return None
         try:
             uuids = [[c.get("uuid") for c in (branch or ())] for branch in conds]
             if any(uuid is None for branch in uuids for uuid in branch):
                 return None
-            keys = [entry_keys(branch, [index] * len(branch)) for index, branch in enumerate(uuids)]
+            keys = [entry_keys(branch, [index] * len(branch), window_key(window)) for index, branch in enumerate(uuids)]
             return self.cache.plan_branches(sigma, keys)
         except Exception as error:
             self._give_up(error)
@@ -267,17 +269,27 @@ class ActiveRun:
         return out
 
 
-def entry_keys(uuids: list, branches: list[int] | tuple[int, ...]) -> list[tuple]:
-    """A key per conditioning entry of a call: (uuid, branch, occurrence). The uuid alone is not
-    unique: for area conditioning ComfyUI gives the other branch a copy of an entry, uuid and all
+def entry_keys(uuids: list, branches: list[int] | tuple[int, ...], window: tuple | None = None) -> list[tuple]:
+    """A key per conditioning entry of a call: (uuid, branch, occurrence), and the context window's
+    key where the call evaluates one. The uuid alone is not unique: for area conditioning ComfyUI
+    gives the other branch a copy of an entry, uuid and all
     (samplers.create_cond_with_same_area_if_none), so both branches' entries carry it."""
     seen: dict[tuple, int] = {}
     keys = []
     for uuid, branch in zip(uuids, branches, strict=True):
         occurrence = seen.get((uuid, branch), 0)
         seen[(uuid, branch)] = occurrence + 1
-        keys.append((uuid, branch, occurrence))
+        keys.append((uuid, branch, occurrence) if window is None else (uuid, branch, occurrence, window))
     return keys
+
+
+def window_key(window: Any) -> tuple | None:
+    """What tells ComfyUI's context windows apart (transformer_options["context_window"], an
+    IndexListContextWindow): the latent frames it holds, and the frame before them that
+    causal_window_fix (ComfyUI 0.30.0) puts in front. Each window then has entries of its own."""
+    if window is None:
+        return None
+    return tuple(window.index_list), getattr(window, "causal_anchor_index", None)
 
 
 def passthrough(args: dict) -> dict:
@@ -334,8 +346,9 @@ def calc_cond_batch_wrapper(executor: Any, model: Any, conds: list, x_in: torch.
     """CALC_COND_BATCH wrapper (separate CFG branches): when the run cache asks for it, one
     sampler evaluation becomes a call per group of branches (those that compute first), each
     through ComfyUI's own cond batching; the branches' outputs are put back together."""
-    run = model_options.get("transformer_options", {}).get(RUN_KEY)
-    groups = run.plan_branches(conds, timestep) if run is not None else None
+    options = model_options.get("transformer_options", {})
+    run = options.get(RUN_KEY)
+    groups = run.plan_branches(conds, timestep, options.get("context_window")) if run is not None else None
     if groups is None:
         return executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
     outputs = [None] * len(conds)
@@ -453,8 +466,9 @@ def reason_not_to_skip(settings: CacheSettings, guider: Any, schedule: RunSchedu
             and any(c.get("control") is not None for entries in conds.values() for c in entries or ())):
         return (f"ComfyUI adds a ControlNet's outputs between the {family.name} model's blocks in a way the "
                 "cache cannot keep apart from the residuals it reuses")
-    if guider.model_options.get("context_handler") is not None:
-        return "context windows evaluate the model per window; one cached residual cannot serve them all"
+    windows = context_windows_refused(guider.model_options.get("context_handler"))
+    if windows is not None:
+        return windows
     if compiled_whole(guider.model_patcher):
         return ("torch.compile of the whole model (TorchCompileModel) is on: its graphs cannot take per-step "
                 "skip decisions; put Compile Blocks (StepCache) in its place, which compiles each transformer "
@@ -483,6 +497,24 @@ def control_ranges(conds: dict, percent_to_sigma: Callable[[float], float]) -> l
                     ranges.append((float(bounds[0]), float(bounds[1])))
                 control = getattr(control, "previous_controlnet", None)
     return ranges
+
+
+# ComfyUI's context schedule that shifts every window at every step (comfy/context_windows.py).
+LOOPED_SCHEDULE = "looped_uniform"
+
+
+def context_windows_refused(handler: Any) -> str | None:
+    """Context windows are cached per window (``window_key``) for ComfyUI's index-list windows,
+    except where no window's residual can serve its next step."""
+    if handler is None:
+        return None
+    schedule = getattr(handler, "context_schedule", None)
+    if schedule is None:
+        return f"context windows of another kind ({type(handler).__name__}) than ComfyUI's index lists"
+    if getattr(schedule, "name", None) == LOOPED_SCHEDULE:
+        return (f"the {LOOPED_SCHEDULE} context schedule moves every window at every step, so no window's "
+                "residual could serve its next step; standard_static, standard_uniform and batched are cached")
+    return None
 
 
 def scheduled_hooks(conds: dict) -> list[Any]:

@@ -106,6 +106,11 @@ SPECS: dict[str, NodeSpec] = {
                                  outputs=(("MODEL", "MODEL"),)),
     "ModelSamplingAuraFlow": NodeSpec("Model Sampling (shift)", inputs=(("model", "MODEL"),), widgets=("shift",),
                                       outputs=(("MODEL", "MODEL"),)),
+    # ComfyUI 0.30.0's widgets; 0.3.75 has the first six (its frontend and server skip the rest).
+    "WanContextWindowsManual": NodeSpec("Wan Context Windows", inputs=(("model", "MODEL"),),
+        widgets=("context_length", "context_overlap", "context_schedule", "context_stride", "closed_loop",
+                 "fuse_method", "freenoise", "retain_first_frame", "split_conds_to_windows"),
+        outputs=(("MODEL", "MODEL"),)),
     # samplers
     "KSampler": NodeSpec("KSampler",
         inputs=(("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
@@ -604,6 +609,50 @@ def wan21_t2v_magcache() -> Workflow:
     return w
 
 
+def wan21_t2v_context_windows_magcache() -> Workflow:
+    w = Workflow("wan21_t2v_context_windows_magcache")
+    w.groups = {0: "Load models", 1: "Prompt and latent", 2: "Context windows and step cache", 3: "Sample and save"}
+    (unet,), clip, vae = _wan_loaders(w, ["wan2.1_t2v_1.3B_fp16.safetensors"])
+    positive = w.add("CLIPTextEncode", 1, title="Prompt", clip=clip.out(),
+                     text="a sailboat crossing a wide bay from dawn to midday, slow aerial tracking shot")
+    negative = w.add("CLIPTextEncode", 1, title="Negative prompt", clip=clip.out(), text=WAN_NEGATIVE)
+    latent = w.add("EmptyHunyuanLatentVideo", 1, width=832, height=480, length=161, batch_size=1)
+    windows = w.add("WanContextWindowsManual", 2, model=unet.out(), context_length=81, context_overlap=30,
+                    context_schedule="standard_static", context_stride=1, closed_loop=False, fuse_method="pyramid",
+                    freenoise=True, retain_first_frame=False, split_conds_to_windows=False)
+    cache = w.add("ApplyMagCache", 2, model=windows.out(), **MAGCACHE_DEFAULTS)
+    shifted = w.add("ModelSamplingSD3", 2, model=cache.out(), shift=8.0)
+    sampler = w.add("KSampler", 3, model=shifted.out(), positive=positive.out(), negative=negative.out(),
+                    latent_image=latent.out(), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
+                    scheduler="simple", denoise=1.0)
+    decode = w.add("VAEDecode", 3, samples=sampler.out(), vae=vae.out())
+    w.add("SaveAnimatedWEBP", 3, images=decode.out(), filename_prefix="stepcache/wan21_t2v_long", fps=16.0,
+          lossless=False, quality=90, method="default")
+    w.note(f"""
+## A long Wan 2.1 video (161 frames) in context windows, with MagCache
+
+**Wan Context Windows** (ComfyUI's node) samples the 161 frames in windows of 81 frames that
+overlap by 30: the model runs once per window and step, and the windows' outputs are blended.
+**Apply MagCache** caches each window on its own (its own residuals and skip decisions), so every
+window skips; the order of the two nodes does not matter. `standard_static` and `batched` keep
+their windows for the whole run; `standard_uniform` moves some windows from step to step (a
+moved window computes once, then caches again); `looped_uniform` moves them all at every step, so
+the cache leaves such runs uncached and says why.
+
+**Memory**: per window and CFG branch the cache keeps the residuals its estimator uses (2 for the
+default damped forecast, 1 for reuse), each the size of that window's hidden states; see the README.
+
+**Files** (Comfy-Org/Wan_2.1_ComfyUI_repackaged):
+- `diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors`
+- `text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors`
+- `vae/wan_2.1_vae.safetensors`
+
+**Expected speedup**: not measured with context windows yet. Without them, published MagCache
+on Wan 2.1 1.3B gives 2.14x (slow) to 2.68x (fast) [{SPEEDUP_SOURCE}].
+{TUNING_MAGCACHE}""")
+    return w
+
+
 def wan22_t2v_two_stage_magcache() -> Workflow:
     w = Workflow("wan22_t2v_two_stage_magcache")
     w.groups = {0: "Load models (two experts)", 1: "Prompt and latent", 2: "Step cache per expert",
@@ -819,8 +868,8 @@ link; delete that file (the report names it) to stop using it.
 
 WORKFLOWS: tuple[Callable[[], Workflow], ...] = (
     flux1_dev_magcache, flux1_dev_controlnet_magcache, flux2_dev_teacache, flux2_dev_calibrate_magcache,
-    wan21_t2v_magcache,
-    wan22_t2v_two_stage_magcache, hunyuan_video_magcache, qwen_image_magcache,
+    wan21_t2v_magcache, wan21_t2v_context_windows_magcache, wan22_t2v_two_stage_magcache, hunyuan_video_magcache,
+    qwen_image_magcache,
     demo_image_magcache, demo_image_teacache, demo_image_calibrate_magcache,
 )
 

@@ -1,7 +1,7 @@
 """The cache combined with what else sits on a model in real graphs: LoRA weight patches,
 ModelSampling shift nodes, ComfyUI's own EasyCache/LazyCache, and models unloaded or rebuilt
-between runs. (TorchCompileModel is in test_nodes.py, ControlNet in test_controlnet.py, another
-pack's block patches in test_foreign_patches.py.)
+between runs. (TorchCompileModel is in test_nodes.py, ControlNet in test_controlnet.py, context windows
+in test_context_windows.py, another pack's block patches in test_foreign_patches.py.)
 
 "Forced" caching below skips nearly every step (huge threshold, no limit on consecutive skips),
 so any mix-up shows in the output.

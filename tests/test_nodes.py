@@ -96,21 +96,6 @@ def test_few_step_runs_sample_uncached_and_say_why(flux):
     assert torch.equal(out, job.run(flux))
 
 
-def test_context_windows_turn_skipping_off(host):
-    from comfy_extras.nodes_context_windows import ContextWindowsManualNode
-
-    from harness.sampling import Job, execute_node
-
-    wan = host.test_module("tiny_models").build_model("wan21", seed=0)
-    windowed = execute_node(ContextWindowsManualNode, model=wan, context_length=2, context_overlap=1,
-                            context_schedule="standard_static", context_stride=1, closed_loop=False,
-                            fuse_method="pyramid", dim=2)[0]
-    job = Job("wan21", frames=4)
-    out, run_stats = run_disabled(windowed, job)
-    assert "context windows" in run_stats["disabled_reason"]
-    assert torch.equal(out, job.run(windowed))
-
-
 def test_torch_compile_turns_skipping_off_with_a_clear_reason(flux):
     from comfy_api.torch_helpers import set_torch_compile_wrapper
 

@@ -117,6 +117,33 @@ def test_a_skipped_call_returns_input_plus_the_last_residual(core):
     assert not cache._entries and not cache.held_tensors()
 
 
+def test_an_entry_that_misses_a_step_is_retired_and_starts_over(core):
+    """Context windows that move (ComfyUI's uniform schedules): a key without a call at the previous
+    step loses its residuals when the next step starts, and computes when it comes back; the
+    statistics still count every call of it."""
+    schedule, cache = make_cache(core)
+    x = torch.randn(1, 4, 2)
+
+    def call(step, key):
+        made = cache.begin(torch.tensor([schedule.sigmas[step]]), (key,), (0,), x)
+        if not made.skip:
+            cache.finish(made, x + step + 1)
+        return made.skip
+
+    assert [call(0, "a"), call(0, "b")] == [False, False]
+    assert [call(1, "a"), call(1, "b")] == [True, True]
+    assert call(2, "a")  # "b" has no call at step 2
+    assert len(cache.held_tensors()) == 2
+    assert call(3, "a") and len(cache.held_tensors()) == 1  # step 3 began: "b" was retired
+    assert not call(4, "b")  # back, without residuals: it computes first
+    assert call(5, "a") is False  # "a" had no call at step 4: retired too
+    stats = cache.close()
+    (cond,) = stats.branches
+    assert cond.entries == 4 and cond.steps_computed + cond.steps_skipped == 8
+    assert cond.pattern == "CSSS"  # the entry with the most steps: the first "a"
+    assert not cache.held_tensors()
+
+
 def test_offloaded_residuals_come_back_to_the_input_device(core):
     schedule, cache = make_cache(core, cache_device=torch.device("cpu"))
     x0 = torch.randn(1, 4, 2)

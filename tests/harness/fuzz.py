@@ -3,18 +3,21 @@
 A sequence draws runs at random (seeded, so a failure replays) across families, cache methods and
 thresholds, steps, resolution, batch, frame count, cfg, sampler, scheduler, denoise, KSamplerAdvanced
 ranges, another pack's block patch put on before or after the Apply node (the test-only
-StepCacheTestBlockPatch, on the first or last block), and interrupts by ComfyUI's own mechanism
+StepCacheTestBlockPatch, on the first or last block), ComfyUI's context windows on the tiny Wan
+(either node, every schedule it offers, before or after the Apply node), and interrupts by ComfyUI's own mechanism
 (``interrupt_current_processing``, which the next ComfyUI op turns into
 ``InterruptProcessingException``, as the server's /interrupt does). Patched models are reused
 across runs, so whatever a run leaves behind meets every later run.
 
 After every run it checks:
 - no exception, except the interrupt it asked for;
-- threshold 0, or a run the cache declines (fewer than 10 steps, or another pack's patch put on
-  after the Apply node): output bit-identical to the unpatched model (with that patch);
+- threshold 0, or a run the cache declines (fewer than 10 steps, another pack's patch put on
+  after the Apply node, the looped_uniform context schedule): output bit-identical to the
+  unpatched model (with that patch, those windows);
 - a caching run: output bit-identical to a freshly patched model doing the same run (a difference
   is a *stale-state mismatch*: something carried over from an earlier run);
-- the run's statistics agree with its schedule (steps, branches, computed + skipped per branch);
+- the run's statistics agree with its schedule (steps, branches, computed + skipped per branch: one
+  per step, or with context windows one per window and step);
 - nothing of the cache survives the run (no live run state, no residual store).
 
 ``./dev fuzz`` runs a larger budget and the 200-run soak from the command line; the tests run a
@@ -32,8 +35,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import comfy.context_windows
 import comfy.model_management
 import comfy.patcher_extension
+import comfy_extras.nodes_context_windows
 import psutil
 import torch
 
@@ -58,6 +63,20 @@ FOREIGN_PATCHES = [None, None, None, ("before", 0), ("before", -1), ("after", 0)
 # A ControlNet (start, end percent) on the tiny FLUX, which the tests have a ControlNet for.
 CONTROLNET_CHANCE = 0.2
 CONTROLNETS = [(0.0, 1.0), (0.0, 0.5), (0.3, 1.0)]
+# ComfyUI's context windows, on the plain tiny Wan (a share of runs switch to it): the node, where
+# it goes (before or after the Apply node), its schedule (every one the node offers), and the window
+# length and overlap in latent frames, on a video long enough to be windowed.
+CONTEXT_WINDOWS_SHARE = 0.3
+WINDOWED_MODEL = "wan21"
+WINDOW_NODES = {"ContextWindowsManual": comfy_extras.nodes_context_windows.ContextWindowsManualNode,
+                "WanContextWindowsManual": comfy_extras.nodes_context_windows.WanContextWindowsManualNode}
+WINDOW_SCHEDULES = [option for option in next(
+    i for i in comfy_extras.nodes_context_windows.ContextWindowsManualNode.GET_SCHEMA().inputs
+    if i.id == "context_schedule").options]
+REFUSED_SCHEDULES = ("looped_uniform",)  # nodes/runtime.py: context_windows_refused
+WINDOWED_FRAMES = [3, 5, 7]
+# Samplers that evaluate the model between the schedule's sigmas (dpmpp_2s_ancestral's midpoints).
+SUBSTEP_SAMPLERS = ("dpmpp_2s_ancestral",)
 MIN_STEPS_TO_CACHE = 10
 INTERRUPT_WRAPPER_KEY = "stepcache-fuzz-interrupt"
 
@@ -144,6 +163,8 @@ class RunSpec:
     quality: str = "custom"  # at a level, the expert inputs (threshold, estimator, ...) are not used
     foreign_patch: tuple[str, int] | None = None  # ("before" | "after", block position)
     controlnet: tuple[float, float] | None = None  # a ControlNet's start and end percent
+    # (node, "before" | "after" the Apply node, schedule, length, overlap in latent frames)
+    context_windows: tuple[str, str, str, int, int] | None = None
 
     @property
     def never_skips(self) -> bool:
@@ -179,10 +200,30 @@ def controlnet_for(family: str) -> Any:
     return sampling.tiny().tiny_controlnet(sampling.tiny().build_model(family, seed=0), seed=3)
 
 
+def windows_take_substeps() -> bool:
+    """Whether this ComfyUI's context windows take a model call between the schedule's sigmas: 0.30.0
+    keeps the last step's windows, 0.3.75 raises ("No sample_sigmas matched current timestep"),
+    uncached as much as cached, so the fuzz does not draw such samplers with windows there."""
+    handler = comfy.context_windows.IndexListContextHandler(
+        context_schedule=comfy.context_windows.get_matching_context_schedule(WINDOW_SCHEDULES[0]),
+        fuse_method=comfy.context_windows.get_matching_fuse_method("pyramid"), context_length=2, dim=2)
+    try:
+        handler.set_step(torch.tensor([0.5]), {"transformer_options": {"sample_sigmas": torch.tensor([1.0, 0.0])}})
+    except Exception:
+        return False
+    return True
+
+
 def draw(rng: random.Random, covered: Coverage) -> RunSpec:
     family = rng.choice(covered.tiny_models)
+    windows = None
+    if WINDOWED_MODEL in covered.tiny_models and rng.random() < CONTEXT_WINDOWS_SHARE:
+        family = WINDOWED_MODEL
+        length = rng.choice([2, 3])
+        windows = (rng.choice(list(WINDOW_NODES)), rng.choice(["before", "after"]), rng.choice(WINDOW_SCHEDULES),
+                   length, rng.randrange(0, length))
     controlnet = None
-    if rng.random() < CONTROLNET_CHANCE:
+    if windows is None and rng.random() < CONTROLNET_CHANCE:
         family, controlnet = "flux", rng.choice(CONTROLNETS)
     method = rng.choice(["teacache", "magcache"])
     steps = rng.choice([6, 10, 12, 14, 16])
@@ -193,13 +234,21 @@ def draw(rng: random.Random, covered: Coverage) -> RunSpec:
     return RunSpec(
         family=family, method=method, threshold=rng.choice(THRESHOLDS[method]), estimator=rng.choice(ESTIMATORS),
         cfg_branches=rng.choice(CFG_BRANCHES), check=rng.choice(CHECKS), steps=steps,
-        cfg=rng.choice([1.0, 3.0, 3.0]), sampler=rng.choice(SAMPLERS), scheduler=rng.choice(SCHEDULERS),
-        denoise=rng.choice([1.0, 1.0, 0.6]) if advanced is None else 1.0, batch=rng.choice([1, 1, 2]),
-        scale=rng.choice([1, 1, 2]), frames=rng.choice([None, 2, 3]) if family in covered.video else None,
+        cfg=rng.choice([1.0, 3.0, 3.0]), scheduler=rng.choice(SCHEDULERS),
+        sampler=rng.choice(SAMPLERS if windows is None or windows_take_substeps()
+                           else [s for s in SAMPLERS if s not in SUBSTEP_SAMPLERS]),
+        denoise=rng.choice([1.0, 1.0, 0.6]) if advanced is None else 1.0,
+        # ComfyUI's windows slice the timestep by frame index (context_windows.get_tensor), which
+        # only a batch of one survives.
+        batch=rng.choice([1, 1, 2]) if windows is None else 1,
+        scale=rng.choice([1, 1, 2]),
+        frames=(rng.choice(WINDOWED_FRAMES) if windows is not None
+                else rng.choice([None, 2, 3]) if family in covered.video else None),
         advanced=advanced,
         interrupt_after=rng.randrange(1, max(2, steps - 1)) if rng.random() < 0.15 else None,
         seed=rng.randrange(1000), quality=rng.choice(QUALITIES), foreign_patch=rng.choice(FOREIGN_PATCHES),
         controlnet=controlnet,
+        context_windows=windows,
     )
 
 
@@ -213,6 +262,7 @@ class Report:
     families: Counter = field(default_factory=Counter)
     foreign_patches: Counter = field(default_factory=Counter)  # runs with another pack's patch, by placement
     controlnets: Counter = field(default_factory=Counter)  # runs with a ControlNet, by start-end percent
+    context_windows: Counter = field(default_factory=Counter)  # runs with context windows, by schedule
     exceptions: list[str] = field(default_factory=list)
     stale_state_mismatches: list[str] = field(default_factory=list)
     uncached_mismatches: list[str] = field(default_factory=list)
@@ -240,6 +290,8 @@ class Report:
             + (", ".join(f"{k} Apply {v}" for k, v in sorted(self.foreign_patches.items())) or "none drawn"),
             "ControlNet (start-end percent): "
             + (", ".join(f"{k}: {v}" for k, v in sorted(self.controlnets.items())) or "none drawn"),
+            "context windows: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(self.context_windows.items())) or "none drawn"),
             f"exceptions: {len(self.exceptions)}",
             f"stale-state mismatches: {len(self.stale_state_mismatches)}",
             f"uncached runs not identical to unpatched: {len(self.uncached_mismatches)}",
@@ -283,14 +335,44 @@ class Driver:
             return model
         return self.test_nodes.BlockPatch.execute(model, kind=key[0], index=key[1], strength=0.25).result[0]
 
+    def with_windows(self, model: Any, spec: RunSpec) -> Any:
+        """The spec's context windows put on ``model`` (the Wan node takes pixel frames: 4 per latent
+        frame, and one more for the length)."""
+        if spec.context_windows is None:
+            return model
+        node, _, schedule, length, overlap = spec.context_windows
+        inputs = (dict(context_length=length, context_overlap=overlap, dim=2) if node == "ContextWindowsManual"
+                  else dict(context_length=4 * (length - 1) + 1, context_overlap=4 * overlap))
+        return sampling.execute_node(WINDOW_NODES[node], model=model, context_schedule=schedule, **inputs)[0]
+
+    def windows_before(self, spec: RunSpec) -> bool:
+        return spec.context_windows is not None and spec.context_windows[1] == "before"
+
+    def window_calls(self, spec: RunSpec) -> int:
+        """Calls per branch over the run: one per step, with context windows one per window and step
+        (the handler's windows for each step; none where the video fits one window)."""
+        steps = spec.schedule_steps
+        if spec.context_windows is None:
+            return steps
+        handler = self.with_windows(self.base_model(spec.family), spec).model_options["context_handler"]
+        if spec.frames <= handler.context_length:
+            return steps
+        total = 0
+        for step in range(steps):
+            handler._step = step  # what the handler's set_step finds for the step's sigma
+            total += len(handler.context_schedule.func(spec.frames, handler, {}))
+        return total
+
     def declined(self, spec: RunSpec) -> bool:
         """Runs the cache samples uncached (the output is then the unpatched model's)."""
         return (spec.schedule_steps < MIN_STEPS_TO_CACHE or spec.never_skips
-                or (self.foreign_block(spec) is not None and spec.foreign_patch[0] == "after"))
+                or (self.foreign_block(spec) is not None and spec.foreign_patch[0] == "after")
+                or (spec.context_windows is not None and spec.context_windows[2] in REFUSED_SCHEDULES))
 
     def unpatched(self, spec: RunSpec) -> Any:
-        """The model without the cache: with the foreign patch, if the spec has one."""
-        return self.with_foreign_patch(self.base_model(spec.family), spec)
+        """The model without the cache: with the foreign patch and the context windows, if the spec
+        has them."""
+        return self.with_windows(self.with_foreign_patch(self.base_model(spec.family), spec), spec)
 
     def apply(self, spec: RunSpec) -> tuple[Any, str]:
         estimator, order, damping = spec.estimator
@@ -312,13 +394,17 @@ class Driver:
             if spec.method == "magcache":
                 inputs["retention_ratio"] = 0.0
         before = spec.foreign_patch is not None and spec.foreign_patch[0] == "before"
-        model = self.with_foreign_patch(self.base_model(spec.family), spec) if before else self.base_model(spec.family)
+        model = self.base_model(spec.family)
+        if self.windows_before(spec):
+            model = self.with_windows(model, spec)
+        model = self.with_foreign_patch(model, spec) if before else model
         patched, node_id = sampling.apply(model, spec.method, **inputs)
-        return (patched if before else self.with_foreign_patch(patched, spec)), node_id
+        patched = patched if before else self.with_foreign_patch(patched, spec)
+        return (patched if self.windows_before(spec) else self.with_windows(patched, spec)), node_id
 
     def reused(self, spec: RunSpec) -> tuple[Any, str]:
         key = (spec.family, spec.method, spec.threshold, spec.estimator, spec.cfg_branches, spec.check, spec.quality,
-               spec.foreign_patch)  # (a ControlNet is on the conditioning, not the model)
+               spec.foreign_patch, spec.context_windows)
         if key not in self.patched:
             self.patched[key] = self.apply(spec)
         return self.patched[key]
@@ -342,9 +428,13 @@ class Driver:
             problems.append(f"disabled_reason {run['disabled_reason']!r} for {steps} steps")
         if {b["branch"] for b in run["branches"]} != branches:
             problems.append(f"branches {[b['branch'] for b in run['branches']]}")
+        calls = self.window_calls(spec)
         for b in run["branches"]:
-            if b["steps_computed"] + b["steps_skipped"] != steps or len(b["pattern"]) != steps:
-                problems.append(f"branch {b['branch']}: {b['steps_computed']} + {b['steps_skipped']} for {steps}")
+            # With context windows the pattern is one window's (a window that moved has a shorter one).
+            pattern_ok = len(b["pattern"]) == steps if spec.context_windows is None else 0 < len(b["pattern"]) <= steps
+            if b["steps_computed"] + b["steps_skipped"] != calls or not pattern_ok:
+                problems.append(f"branch {b['branch']}: {b['steps_computed']} + {b['steps_skipped']} for {calls} "
+                                f"calls, pattern {b['pattern']!r}")
         if (run["calls_skipped"] or run["rows_skipped"]) and declined:
             problems.append(f"a declined run skipped {run['calls_skipped']} calls")
         if not run["rows_checked"] <= run["rows_skipped"] or (run["rows_skipped"] > 0) != (run["calls_skipped"] > 0):
@@ -361,6 +451,8 @@ class Driver:
             report.foreign_patches[spec.foreign_patch[0]] += 1
         if spec.controlnet is not None:
             report.controlnets["{:g}-{:g}".format(*spec.controlnet)] += 1
+        if spec.context_windows is not None:
+            report.context_windows[spec.context_windows[2]] += 1
         patched, node_id = self.reused(spec)
         try:
             output = self.run_interruptible(spec, patched)
