@@ -255,8 +255,8 @@ class Workflow:
                 # Tall enough for the rendered text (about 60 characters a line at this width).
                 text = node.values["text"]
                 height = 40 + 20 * sum(1 + len(line) // 60 for line in text.splitlines())
-            if node.type in ("SaveImage", "SaveAnimatedWEBP", "PreviewAny"):
-                height = max(height, 300)
+            if node.type in ("SaveImage", "SaveAnimatedWEBP", "PreviewAny", "LoadImage"):
+                height = max(height, 300)  # an image preview (Load Image: and its upload button)
             x = 40 + (node.column + 1) * COLUMN_WIDTH
             y = tops.get(node.column, TOP)
             node.pos, node.size = (x, y), (spec.width, height)
