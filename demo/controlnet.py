@@ -68,10 +68,17 @@ def as_controlnet(control_model: torch.nn.Module) -> comfy.controlnet.ControlNet
                                        extra_conds=["y", "guidance"])
 
 
+def checkpoint_name(name: str) -> str:
+    """The FLUX checkpoint format's name of a module key: its RMSNorm weights are ``.scale`` (ComfyUI
+    0.30.0 names them ``.weight`` in the module and converts when it loads a checkpoint)."""
+    return name[:-len(".weight")] + ".scale" if name.endswith(("query_norm.weight", "key_norm.weight")) else name
+
+
 def load(base: comfy.model_patcher.ModelPatcher, path: pathlib.Path = WEIGHTS) -> comfy.controlnet.ControlNet:
     control_model = build(base)
     weights = safetensors.torch.load_file(str(path))
-    control_model.load_state_dict({k: v.float() for k, v in weights.items()})
+    module_names = {checkpoint_name(name): name for name in control_model.state_dict()}
+    control_model.load_state_dict({module_names[k]: v.float() for k, v in weights.items()})
     return as_controlnet(control_model.eval())
 
 
@@ -138,7 +145,8 @@ def train(steps: int, batch_size: int, lr: float, seed: int, out: pathlib.Path) 
         if (step + 1) % 50 == 0 or step == 0:
             print(f"[demo.controlnet] step {step + 1}/{steps} loss {np.mean(running[-50:]):.4f} "
                   f"{time.monotonic() - start:.0f}s", flush=True)
-    weights = {k: v.detach().to(torch.float16).contiguous() for k, v in control_model.state_dict().items()}
+    weights = {checkpoint_name(k): v.detach().to(torch.float16).contiguous()
+               for k, v in control_model.state_dict().items()}
     safetensors.torch.save_file(weights, str(out), metadata={"train_steps": str(steps), "seed": str(seed)})
     print(f"[demo.controlnet] wrote {out} ({out.stat().st_size / 1e6:.2f} MB)", flush=True)
 
