@@ -390,9 +390,9 @@ SPEEDUP_SOURCE = ("MagCache paper (Zehong-Ma/MagCache), quality/speed tables, sa
                   "see also docs/benchmark.md")
 
 
-def flux1_dev_magcache() -> Workflow:
-    w = Workflow("flux1_dev_magcache")
-    w.groups = {0: "Load models", 1: "Prompt and latent", 2: "Step cache", 3: "Sample and save"}
+def flux1_models_and_prompt(w: Workflow) -> tuple:
+    """FLUX.1 [dev]'s loaders (group 0) and a guided prompt with its zeroed negative (group 1):
+    model, VAE, guided, negative."""
     unet = w.add("UNETLoader", 0, unet_name="flux1-dev.safetensors", weight_dtype="default")
     clip = w.add("DualCLIPLoader", 0, clip_name1="clip_l.safetensors", clip_name2="t5xxl_fp16.safetensors",
                  type="flux", device="default")
@@ -401,6 +401,13 @@ def flux1_dev_magcache() -> Workflow:
                  text="a red fox reading a newspaper in a sunlit cafe, film photograph")
     guided = w.add("FluxGuidance", 1, conditioning=text.out(), guidance=3.5)
     negative = w.add("ConditioningZeroOut", 1, title="Negative (unused at cfg 1)", conditioning=text.out())
+    return unet, vae, guided, negative
+
+
+def flux1_dev_magcache() -> Workflow:
+    w = Workflow("flux1_dev_magcache")
+    w.groups = {0: "Load models", 1: "Prompt and latent", 2: "Step cache", 3: "Sample and save"}
+    unet, vae, guided, negative = flux1_models_and_prompt(w)
     latent = w.add("EmptySD3LatentImage", 1, width=1024, height=1024, batch_size=1)
     cache = w.add("ApplyMagCache", 2, model=unet.out(), **MAGCACHE_DEFAULTS)
     sampler = w.add("KSampler", 3, model=cache.out(), positive=guided.out(), negative=negative.out(),
@@ -432,17 +439,10 @@ the quality levels' figures on the reference models are in docs/benchmark.md.
 def flux1_dev_controlnet_magcache() -> Workflow:
     w = Workflow("flux1_dev_controlnet_magcache")
     w.groups = {0: "Load models", 1: "Prompt, control and latent", 2: "Step cache", 3: "Sample and save"}
-    unet = w.add("UNETLoader", 0, unet_name="flux1-dev.safetensors", weight_dtype="default")
-    clip = w.add("DualCLIPLoader", 0, clip_name1="clip_l.safetensors", clip_name2="t5xxl_fp16.safetensors",
-                 type="flux", device="default")
-    vae = w.add("VAELoader", 0, vae_name="ae.safetensors")
+    unet, vae, guided, negative = flux1_models_and_prompt(w)
     controlnet = w.add("ControlNetLoader", 0, control_net_name="FLUX.1-dev-ControlNet-Union-Pro-2.0.safetensors")
     union = w.add("SetUnionControlNetType", 1, control_net=controlnet.out(), type="depth")
     control_image = w.add("LoadImage", 1, title="Control image (a depth map)", image="depth.png")
-    text = w.add("CLIPTextEncode", 1, title="Prompt", clip=clip.out(),
-                 text="a red fox reading a newspaper in a sunlit cafe, film photograph")
-    guided = w.add("FluxGuidance", 1, conditioning=text.out(), guidance=3.5)
-    negative = w.add("ConditioningZeroOut", 1, title="Negative (unused at cfg 1)", conditioning=text.out())
     controlled = w.add("ControlNetApplyAdvanced", 1, positive=guided.out(), negative=negative.out(),
                        control_net=union.out(), image=control_image.out(), vae=vae.out(), strength=0.7,
                        start_percent=0.0, end_percent=0.8)
@@ -575,6 +575,17 @@ WAN_NEGATIVE = ("blurry, low quality, static, overexposed, jpeg artifacts, defor
                 "watermark, subtitles, still picture, messy background")
 
 
+def _wan21_sample_and_save(w: Workflow, model: Node, positive: Node, negative: Node, latent: Node, vae: Node,
+                           prefix: str) -> None:
+    """Wan 2.1's sampling (uni_pc, 30 steps, cfg 6) and an animated WEBP (group 3)."""
+    sampler = w.add("KSampler", 3, model=model.out(), positive=positive.out(), negative=negative.out(),
+                    latent_image=latent.out(), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
+                    scheduler="simple", denoise=1.0)
+    decode = w.add("VAEDecode", 3, samples=sampler.out(), vae=vae.out())
+    w.add("SaveAnimatedWEBP", 3, images=decode.out(), filename_prefix=prefix, fps=16.0, lossless=False, quality=90,
+          method="default")
+
+
 def wan21_t2v_magcache() -> Workflow:
     w = Workflow("wan21_t2v_magcache")
     w.groups = {0: "Load models", 1: "Prompt and latent", 2: "Step cache", 3: "Sample and save"}
@@ -585,12 +596,7 @@ def wan21_t2v_magcache() -> Workflow:
     latent = w.add("EmptyHunyuanLatentVideo", 1, width=832, height=480, length=33, batch_size=1)
     cache = w.add("ApplyMagCache", 2, model=unet.out(), **MAGCACHE_DEFAULTS)
     shifted = w.add("ModelSamplingSD3", 2, model=cache.out(), shift=8.0)
-    sampler = w.add("KSampler", 3, model=shifted.out(), positive=positive.out(), negative=negative.out(),
-                    latent_image=latent.out(), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
-                    scheduler="simple", denoise=1.0)
-    decode = w.add("VAEDecode", 3, samples=sampler.out(), vae=vae.out())
-    w.add("SaveAnimatedWEBP", 3, images=decode.out(), filename_prefix="stepcache/wan21_t2v", fps=16.0,
-          lossless=False, quality=90, method="default")
+    _wan21_sample_and_save(w, shifted, positive, negative, latent, vae, "stepcache/wan21_t2v")
     w.note(f"""
 ## Wan 2.1 text to video (1.3B) with MagCache
 
@@ -622,12 +628,7 @@ def wan21_t2v_context_windows_magcache() -> Workflow:
                     freenoise=True, retain_first_frame=False, split_conds_to_windows=False)
     cache = w.add("ApplyMagCache", 2, model=windows.out(), **MAGCACHE_DEFAULTS)
     shifted = w.add("ModelSamplingSD3", 2, model=cache.out(), shift=8.0)
-    sampler = w.add("KSampler", 3, model=shifted.out(), positive=positive.out(), negative=negative.out(),
-                    latent_image=latent.out(), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
-                    scheduler="simple", denoise=1.0)
-    decode = w.add("VAEDecode", 3, samples=sampler.out(), vae=vae.out())
-    w.add("SaveAnimatedWEBP", 3, images=decode.out(), filename_prefix="stepcache/wan21_t2v_long", fps=16.0,
-          lossless=False, quality=90, method="default")
+    _wan21_sample_and_save(w, shifted, positive, negative, latent, vae, "stepcache/wan21_t2v_long")
     w.note(f"""
 ## A long Wan 2.1 video (161 frames) in context windows, with MagCache
 

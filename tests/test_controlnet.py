@@ -47,6 +47,11 @@ def with_controlnet(conds: tuple[list, list], controlnet, hint: torch.Tensor, st
                                                                   start, end)[:2])
 
 
+def with_control(conds: tuple[list, list], control) -> tuple[list, list]:
+    """Both prompts with ``control`` (a ControlBase) on every entry, as Apply ControlNet puts it."""
+    return tuple([[c, {**extra, "control": control}] for c, extra in entries] for entries in conds)
+
+
 def sample(job, model, conds: tuple[list, list]) -> torch.Tensor:
     import nodes
 
@@ -215,8 +220,7 @@ def test_every_controlled_family_adds_the_current_control_on_a_skipped_call(host
     else:
         job.run(patched)  # without a ControlNet: how long the image stream is
         control = tiny.fixed_control(tokens=inputs[0].shape[1])
-        positive, negative = job.conds()
-        conds = tuple([[c, {**extra, "control": control}] for c, extra in entries] for entries in (positive, negative))
+        conds = with_control(job.conds(), control)
     inputs.clear()
     outputs.clear()
     added.clear()
@@ -239,8 +243,7 @@ def test_a_family_that_takes_no_controlnet_it_knows_samples_uncached_with_the_re
     model, _ = baselines["wan21"]
     control = host.test_module("tiny_models").fixed_control()
     job = Job("wan21")
-    positive, negative = job.conds()
-    conds = tuple([[c, {**extra, "control": control}] for c, extra in entries] for entries in (positive, negative))
+    conds = with_control(job.conds(), control)
     patched, node_id = apply(model, "magcache", ratios=flux_ratios(), **FORCED_SKIPS)
     reference = sample(job, model, conds)
     assert torch.equal(sample(job, patched, conds), reference)
@@ -256,8 +259,7 @@ def test_output_space_families_keep_the_control_inside_the_cached_output(host, b
     model, _ = baselines["lumina2"]
     control = host.test_module("tiny_models").fixed_control()
     job = Job("lumina2")
-    positive, negative = job.conds()
-    conds = tuple([[c, {**extra, "control": control}] for c, extra in entries] for entries in (positive, negative))
+    conds = with_control(job.conds(), control)
     patched, node_id = apply(model, "magcache", ratios=flux_ratios(), **FORCED_SKIPS)
     assert sample(job, patched, conds).isfinite().all()
     result = stats(node_id)
