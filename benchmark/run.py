@@ -49,6 +49,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="only the headline table: the quality levels on both reference models and both "
                         "samplers beside EasyCache and LazyCache (quality-only; bench-out/levels.md, and the "
                         "top of docs/benchmark.md with --docs); about 15 min")
+    parser.add_argument("--held-out", action="store_true",
+                        help="with --levels: evaluate on other classes and seeds than the levels were chosen on")
     parser.add_argument("--controlnet", action="store_true",
                         help="each quality level on the image model with and without a small ControlNet (~6 min)")
     parser.add_argument("--gpu", action="store_true",
@@ -170,7 +172,8 @@ def main(argv: list[str]) -> int:
         from stepbench import levels
 
         command = "./dev bench" + "".join(" " + shlex.quote(a) for a in argv)
-        data = levels.run_levels(args.kinds or list(configs.KINDS), args.samplers, progress)
+        data = levels.run_levels(args.kinds or list(configs.KINDS), args.samplers, progress,
+                                 levels.HELD_OUT if args.held_out else levels.PAIRS)
         print(levels.write(data, command, args.out, REPO_ROOT / "docs" / "benchmark.md" if args.docs else None))
         print(f"wrote {args.out / 'levels.md'} in {(time.perf_counter() - started) / 60:.1f} min")
         return 0

@@ -25,6 +25,20 @@ from .runner import Bench
 SETTINGS = (SamplerSetting("euler", 30, 4.0), SamplerSetting("dpmpp_2m", 20, 4.0))
 PAIRS = {"image": [Pair(c, s) for c in range(4) for s in range(4)],
          "video": [Pair(c, s) for c in range(4) for s in range(2)]}
+# Images and clips the levels were not chosen on (--held-out): the other classes, other seeds.
+HELD_OUT = {"image": [Pair(c, s) for c in range(4, 10) for s in (10, 11)],
+            "video": [Pair(c, s) for c in range(4, 8) for s in (10, 11)]}
+
+
+def describe_pairs(pairs: dict[str, list[Pair]]) -> str:
+    def span(values: set[int]) -> str:
+        return f"{min(values)}-{max(values)}" if len(values) > 1 else str(min(values))
+
+    parts = []
+    for kind, noun in (("image", "images"), ("video", "clips")):
+        classes, seeds = {p.class_index for p in pairs[kind]}, {p.seed for p in pairs[kind]}
+        parts.append(f"{kind} model: {len(pairs[kind])} {noun} (classes {span(classes)} x seeds {span(seeds)})")
+    return ", ".join(parts)
 NATIVE_THRESHOLDS = (0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5)
 START, END = "<!-- levels:start -->", "<!-- levels:end -->"
 
@@ -47,15 +61,17 @@ def run_setting(bench: Bench, model: Any, node_id: str | None, config: Config, s
             "pattern": pattern}
 
 
-def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[[str], None]) -> dict:
+def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[[str], None],
+               pairs: dict[str, list[Pair]] = PAIRS) -> dict:
     levels = harness_sampling.pack("cache_core.quality").LEVELS
-    out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": []}
+    out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": [],
+                 "pairs": describe_pairs(pairs)}
     for kind in kinds:
         bench = Bench(kind)
         for setting in SETTINGS:
             if samplers and setting.sampler not in samplers:
                 continue
-            references = {pair: bench.decode(bench.sample(bench.base, pair, setting)) for pair in PAIRS[kind]}
+            references = {pair: bench.decode(bench.sample(bench.base, pair, setting)) for pair in pairs[kind]}
             cell: dict = {"kind": kind, "setting": setting.key, "levels": {}, "native": {}}
             for name in levels:
                 model, node_id = harness_sampling.apply(bench.base.clone(), "magcache", quality=name)
@@ -90,7 +106,7 @@ def markdown(data: dict, command: str) -> str:
         "## Quality levels (the headline)",
         "",
         f"Made by `{command}`. Row speedup of the block stack, worst / mean PSNR (dB) against uncached; "
-        "image model: 16 images (classes 0-3 x seeds 0-3), video model: 8 clips (classes 0-3 x seeds 0-1), "
+        f"{data.get('pairs', describe_pairs(PAIRS))}, "
         "cfg 4. The pack: Apply MagCache with only `quality` set (`variant: auto`, no table, no calibration). "
         "Native: the fastest reuse_threshold of "
         f"{list(NATIVE_THRESHOLDS)} whose worst case holds the level's promise (- where none does).",
