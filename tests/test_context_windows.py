@@ -301,3 +301,44 @@ def test_the_other_tiny_wan_models_cache_per_window(host, wan_variant):
     windows = len(windows_per_step(windowed, FRAMES, 1)[0])
     assert run_stats["calls_skipped"] > 0 and all(b["entries"] == windows for b in run_stats["branches"])
     assert torch.equal(job.run(patched), first)
+
+
+def other_video_families() -> list[str]:
+    """The tiny video models of families other than Wan that this ComfyUI builds, with frames
+    enough to window (HunyuanVideo, LTX-Video, Mochi, Cosmos, Kandinsky 5, CogVideoX, ...)."""
+    from harness import host as host_module
+
+    tiny = host_module.boot().test_module("tiny_models")
+    return [name for name, spec in tiny.FAMILIES.items()
+            if spec.is_video and spec.family != "wan" and spec.latent_spatial[0] > 1 and spec.available()]
+
+
+@pytest.mark.parametrize("video_model", other_video_families())
+def test_other_video_families_cache_per_window(host, video_model):
+    """ContextWindowsManual on the time axis of every other video family, with the measured-error
+    rule the levels run (no table): a measuring run that never skips equals the uncached windowed
+    run, and one that skips keeps each window's entries apart and repeats itself. A model whose own
+    uncached windowed run fails on this ComfyUI (conditioning it cannot slice per window) is skipped
+    only where the model has no resize_cond_for_context_window."""
+    from harness.sampling import Job, apply, stats
+
+    model = host.test_module("tiny_models").build_model(video_model, seed=0)
+    windowed = with_windows(model, "ContextWindowsManual", "standard_static")
+    job = Job(video_model, frames=FRAMES)
+    try:
+        uncached = job.run(windowed)
+    except RuntimeError as error:
+        if hasattr(model.model, "resize_cond_for_context_window"):
+            raise
+        pytest.skip(f"this ComfyUI's context windows fail on {video_model} uncached: {error}")
+    never, _ = apply(windowed, "magcache", quality="custom", skip_rule="measured", threshold=0.0)
+    assert torch.equal(job.run(never), uncached)
+    # Random weights err far more than a trained model: the rule at its largest tolerance skips.
+    patched, node_id = apply(windowed, "magcache", quality="custom", skip_rule="measured", threshold=2.0,
+                             max_consecutive_skips=3, retention_ratio=0.0)
+    first = job.run(patched)
+    run_stats = stats(node_id)
+    windows = len(windows_per_step(windowed, FRAMES, 1)[0])
+    assert run_stats["calls_skipped"] > 0, run_stats["summary"]
+    assert all(b["entries"] == windows for b in run_stats["branches"]), run_stats["branches"]
+    assert torch.equal(job.run(patched), first)
