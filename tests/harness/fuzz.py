@@ -3,7 +3,7 @@
 A sequence draws runs at random (seeded, so a failure replays) across families, cache methods and
 thresholds, steps, resolution, batch, frame count, cfg, sampler, scheduler, denoise, KSamplerAdvanced
 ranges, another pack's block patch put on before or after the Apply node (the test-only
-StepCacheTestBlockPatch, on the first or last block), ComfyUI's context windows on the tiny Wan
+StepCacheTestBlockPatch, on the first or last block), ComfyUI's context windows on tiny video models
 (either node, every schedule it offers, before or after the Apply node), and interrupts by ComfyUI's own mechanism
 (``interrupt_current_processing``, which the next ComfyUI op turns into
 ``InterruptProcessingException``, as the server's /interrupt does). Patched models are reused
@@ -63,11 +63,13 @@ FOREIGN_PATCHES = [None, None, None, ("before", 0), ("before", -1), ("after", 0)
 # A ControlNet (start, end percent) on the tiny FLUX, which the tests have a ControlNet for.
 CONTROLNET_CHANCE = 0.2
 CONTROLNETS = [(0.0, 1.0), (0.0, 0.5), (0.3, 1.0)]
-# ComfyUI's context windows, on the plain tiny Wan (a share of runs switch to it): the node, where
-# it goes (before or after the Apply node), its schedule (every one the node offers), and the window
-# length and overlap in latent frames, on a video long enough to be windowed.
+# ComfyUI's context windows (a share of runs switch to a text-to-video model: the plain tiny Wan
+# half the time, else another family's): the node (the Wan node on Wan only), where it goes (before
+# or after the Apply node), its schedule (every one the node offers), and the window length and
+# overlap in latent frames, on a video long enough to be windowed.
 CONTEXT_WINDOWS_SHARE = 0.3
 WINDOWED_MODEL = "wan21"
+OTHER_WINDOWED_MODELS = ["hunyuan_video", "ltxv", "mochi", "cosmos1", "kandinsky5", "cogvideox"]
 WINDOW_NODES = {"ContextWindowsManual": comfy_extras.nodes_context_windows.ContextWindowsManualNode,
                 "WanContextWindowsManual": comfy_extras.nodes_context_windows.WanContextWindowsManualNode}
 WINDOW_SCHEDULES = [option for option in next(
@@ -218,9 +220,11 @@ def draw(rng: random.Random, covered: Coverage) -> RunSpec:
     family = rng.choice(covered.tiny_models)
     windows = None
     if WINDOWED_MODEL in covered.tiny_models and rng.random() < CONTEXT_WINDOWS_SHARE:
-        family = WINDOWED_MODEL
+        others = [name for name in OTHER_WINDOWED_MODELS if name in covered.tiny_models]
+        family = WINDOWED_MODEL if not others or rng.random() < 0.5 else rng.choice(others)
         length = rng.choice([2, 3])
-        windows = (rng.choice(list(WINDOW_NODES)), rng.choice(["before", "after"]), rng.choice(WINDOW_SCHEDULES),
+        window_node = rng.choice(list(WINDOW_NODES)) if family == WINDOWED_MODEL else "ContextWindowsManual"
+        windows = (window_node, rng.choice(["before", "after"]), rng.choice(WINDOW_SCHEDULES),
                    length, rng.randrange(0, length))
     controlnet = None
     if windows is None and rng.random() < CONTROLNET_CHANCE:
