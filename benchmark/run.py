@@ -1,7 +1,9 @@
 """StepCache speed/quality benchmark, in one process of the real ComfyUI.
 
     ./dev bench --levels   the headline table: the quality levels on both reference models and
-                           both samplers, beside EasyCache and LazyCache (quality-only, ~15 min)
+                           both samplers, beside EasyCache and LazyCache (quality-only, ~15 min);
+                           --held-out: on other classes and seeds; --context-windows: the video
+                           model in ComfyUI's Context Windows (bench-out/ only)
     ./dev bench            full sweep (results: bench-out/results.md, .json, speed_quality.png,
                            and a copy in docs/benchmark.md + docs/benchmark.png); hours on 2 busy
                            CPU cores (--reps 1 about halves the sweep part)
@@ -51,6 +53,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "top of docs/benchmark.md with --docs); about 15 min")
     parser.add_argument("--held-out", action="store_true",
                         help="with --levels: evaluate on other classes and seeds than the levels were chosen on")
+    parser.add_argument("--context-windows", action="store_true",
+                        help="with --levels: the video model in ComfyUI's Context Windows (two windows)")
     parser.add_argument("--controlnet", action="store_true",
                         help="each quality level on the image model with and without a small ControlNet (~6 min)")
     parser.add_argument("--gpu", action="store_true",
@@ -173,8 +177,10 @@ def main(argv: list[str]) -> int:
 
         command = "./dev bench" + "".join(" " + shlex.quote(a) for a in argv)
         data = levels.run_levels(args.kinds or list(configs.KINDS), args.samplers, progress,
-                                 levels.HELD_OUT if args.held_out else levels.PAIRS)
-        print(levels.write(data, command, args.out, REPO_ROOT / "docs" / "benchmark.md" if args.docs else None))
+                                 levels.HELD_OUT if args.held_out else levels.PAIRS, args.context_windows)
+        # Only the headline set writes docs/benchmark.md's headline block.
+        headline = args.docs and not (args.held_out or args.context_windows)
+        print(levels.write(data, command, args.out, REPO_ROOT / "docs" / "benchmark.md" if headline else None))
         print(f"wrote {args.out / 'levels.md'} in {(time.perf_counter() - started) / 60:.1f} min")
         return 0
 

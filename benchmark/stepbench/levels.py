@@ -61,13 +61,24 @@ def run_setting(bench: Bench, model: Any, node_id: str | None, config: Config, s
             "pattern": pattern}
 
 
+# --context-windows: the video model sampled in ComfyUI's Context Windows (standard_static), two
+# windows over its 8 latent frames; the references are the uncached windowed runs.
+WINDOWS = dict(context_length=5, context_overlap=2, dim=2, context_schedule="standard_static")
+
+
 def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[[str], None],
-               pairs: dict[str, list[Pair]] = PAIRS) -> dict:
+               pairs: dict[str, list[Pair]] = PAIRS, context_windows: bool = False) -> dict:
     levels = harness_sampling.pack("cache_core.quality").LEVELS
     out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": [],
-                 "pairs": describe_pairs(pairs)}
+                 "pairs": describe_pairs(pairs), "context_windows": context_windows}
+    if context_windows:
+        kinds = [kind for kind in kinds if kind == "video"]
     for kind in kinds:
         bench = Bench(kind)
+        if context_windows:
+            from comfy_extras.nodes_context_windows import ContextWindowsManualNode
+
+            bench.base = harness_sampling.execute_node(ContextWindowsManualNode, model=bench.base, **WINDOWS)[0]
         for setting in SETTINGS:
             if samplers and setting.sampler not in samplers:
                 continue
@@ -81,6 +92,8 @@ def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[
                          f"{result['mean']:.2f} dB")
             for method in ("easycache", "lazycache"):
                 cell["native"][method] = []
+                if context_windows:
+                    continue  # the pack's levels only: each window cached on its own
                 for threshold in NATIVE_THRESHOLDS:
                     config = Config(method, threshold=threshold)
                     model, _ = bench.build(config, {})
@@ -102,14 +115,21 @@ def best_native(results: list[dict], worst_db: float) -> dict | None:
 def markdown(data: dict, command: str) -> str:
     cells = data["cells"]
     names = [f"{c['kind']}, {c['setting'].replace('-', ' ')}" for c in cells]
+    windows = data.get("context_windows", False)
+    evaluated = data.get("pairs", describe_pairs(PAIRS))
+    if windows:
+        evaluated = evaluated.split(", video model: ")[-1]
+        evaluated = ("video model: " + evaluated + " in ComfyUI's Context Windows (length 5, overlap 2, "
+                     "standard_static: two windows), against the uncached windowed runs")
+    native = ("" if windows else " Native: the fastest reuse_threshold of "
+              f"{list(NATIVE_THRESHOLDS)} whose worst case holds the level's promise (- where none does).")
     out = [
-        "## Quality levels (the headline)",
+        "## Quality levels" + (" in context windows" if windows else " (the headline)"
+                               if evaluated == describe_pairs(PAIRS) else " on held-out images and clips"),
         "",
         f"Made by `{command}`. Row speedup of the block stack, worst / mean PSNR (dB) against uncached; "
-        f"{data.get('pairs', describe_pairs(PAIRS))}, "
-        "cfg 4. The pack: Apply MagCache with only `quality` set (`variant: auto`, no table, no calibration). "
-        "Native: the fastest reuse_threshold of "
-        f"{list(NATIVE_THRESHOLDS)} whose worst case holds the level's promise (- where none does).",
+        f"{evaluated}, cfg 4. The pack: Apply MagCache with only `quality` set (`variant: auto`, no table, "
+        "no calibration)." + native,
         "",
         "| level (promise) | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(cells),
@@ -122,6 +142,8 @@ def markdown(data: dict, command: str) -> str:
             row.append(f"{r['rows']:.2f}x, {r['worst']:.2f} / {r['mean']:.2f}{mark}")
         out.append(f"| **{name}** (>= {promise:g} dB) | " + " | ".join(row) + " |")
         for method, label in (("easycache", "EasyCache"), ("lazycache", "LazyCache")):
+            if data.get("context_windows"):
+                break
             row = []
             for cell in cells:
                 best = best_native(cell["native"][method], promise)
