@@ -342,3 +342,34 @@ def test_other_video_families_cache_per_window(host, video_model):
     assert run_stats["calls_skipped"] > 0, run_stats["summary"]
     assert all(b["entries"] == windows for b in run_stats["branches"]), run_stats["branches"]
     assert torch.equal(job.run(patched), first)
+
+
+@pytest.mark.parametrize("retain_first_frame", [False, True], ids=["plain", "retain-first-frame"])
+def test_ltxv_context_windows_cache_per_window(host, retain_first_frame):
+    """LTXV Context Windows (ComfyUI 0.30.0; lengths in pixel frames, 8 per latent frame, and the
+    option to keep the first latent frame in every window): as on the other nodes, a never-skipping
+    measuring run equals the uncached windowed run, and a skipping one keeps each window apart."""
+    from comfy_extras import nodes_context_windows
+
+    from harness.sampling import Job, apply, execute_node, stats
+
+    ltxv_node = getattr(nodes_context_windows, "LTXVContextWindowsNode", None)
+    if ltxv_node is None:
+        pytest.skip("this ComfyUI has no LTXV Context Windows node")
+    model = host.test_module("tiny_models").build_model("ltxv", seed=0)
+    # 41 pixel frames -> windows of 6 latent frames, an overlap of 16 -> 2, over 9 latent frames.
+    windowed = execute_node(ltxv_node, model=model, context_length=41, context_overlap=16,
+                            context_schedule="standard_static", fuse_method="pyramid", freenoise=False,
+                            retain_first_frame=retain_first_frame)[0]
+    job = Job("ltxv", frames=FRAMES)
+    uncached = job.run(windowed)
+    never, _ = apply(windowed, "magcache", quality="custom", skip_rule="measured", threshold=0.0)
+    assert torch.equal(job.run(never), uncached)
+    patched, node_id = apply(windowed, "magcache", quality="custom", skip_rule="measured", threshold=2.0,
+                             max_consecutive_skips=3, retention_ratio=0.0)
+    first = job.run(patched)
+    run_stats = stats(node_id)
+    windows = len(windows_per_step(windowed, FRAMES, 1)[0])
+    assert windows > 1 and run_stats["calls_skipped"] > 0, run_stats["summary"]
+    assert all(b["entries"] == windows for b in run_stats["branches"]), run_stats["branches"]
+    assert torch.equal(job.run(patched), first)
