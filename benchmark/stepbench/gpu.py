@@ -15,7 +15,13 @@ MagCache with reuse, no check and the largest threshold skips every step that
   that never skips, against the unpatched model; the median over each run's calls, timed between
   CUDA synchronisations;
 - Compile Blocks (StepCache), alone and with the cache at K 2 (FLUX.1 only: inductor compiles);
-- what the cache holds between calls (the MemoryProbe), beside the size of one residual.
+- what the cache holds between calls (the MemoryProbe), beside the size of one residual, and the
+  peak GPU memory of each configuration;
+- two references for where a skipped step's time goes: every block replaced by identity through
+  ComfyUI's own ``patches_replace`` (what the model costs outside its block stack), and each run's
+  time outside its model calls (the sampler's own work), from which the model calls' own speedup.
+
+On a GPU machine without network or ComfyUI, scripts/gpu-bundle.sh and scripts/gpu-check.sh run it.
 
 ``--gpu-geometry tiny`` runs the same on CPU at test size with the eager backend
 (tests/test_gpu_check.py), so the plumbing is checked where there is no GPU.
@@ -46,6 +52,7 @@ from .overhead import TIMER_WRAPPER_KEY
 from .runner import PROBE_WRAPPER_KEY, PUBLISHED_VARIANTS, MemoryProbe
 
 NEVER_SKIPS = 1e-9
+IDENTITY = "every block replaced by identity"  # the floor of a skipped call
 FORCES_SKIPS = 2.0  # ApplyMagCache's largest threshold: every skip K allows is taken on random weights
 
 
@@ -163,7 +170,7 @@ def configurations(case: GpuCase, backend: str) -> dict[str, Callable[[Any], tup
             m, "magcache", quality="custom", skip_rule="measured", threshold=NEVER_SKIPS,
             estimator="damped_forecast", variant=variant),
         **{f"K {k} forced": forced(k) for k in (1, 2, 3)},
-        "every block replaced by identity": identity_blocks,
+        IDENTITY: identity_blocks,
     }
     if case.compile:
         made["compiled blocks"] = lambda m: (compile_blocks(m, backend), None)
@@ -223,7 +230,7 @@ def run_case(case: GpuCase, dtype: torch.dtype, reps: int, backend: str, progres
             calls = timers[name].take()
             call_medians[name].append(statistics.median(calls))
             outside_calls[name].append(times[name][-1] - sum(calls))
-            skipped = len(calls) if name == "every block replaced by identity" else info[name].get("calls_skipped", 0)
+            skipped = len(calls) if name == IDENTITY else info[name].get("calls_skipped", 0)
             if skipped:
                 fast_calls[name].extend(sorted(calls)[:skipped])
         progress(f"   rep {rep + 1}/{reps}: " + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in names))

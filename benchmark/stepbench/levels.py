@@ -28,6 +28,8 @@ PAIRS = {"image": [Pair(c, s) for c in range(4) for s in range(4)],
 # Images and clips the levels were not chosen on (--held-out): the other classes, other seeds.
 HELD_OUT = {"image": [Pair(c, s) for c in range(4, 10) for s in (10, 11)],
             "video": [Pair(c, s) for c in range(4, 8) for s in (10, 11)]}
+NATIVE_THRESHOLDS = (0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5)
+START, END = "<!-- levels:start -->", "<!-- levels:end -->"
 
 
 def describe_pairs(pairs: dict[str, list[Pair]]) -> str:
@@ -39,8 +41,6 @@ def describe_pairs(pairs: dict[str, list[Pair]]) -> str:
         classes, seeds = {p.class_index for p in pairs[kind]}, {p.seed for p in pairs[kind]}
         parts.append(f"{kind} model: {len(pairs[kind])} {noun} (classes {span(classes)} x seeds {span(seeds)})")
     return ", ".join(parts)
-NATIVE_THRESHOLDS = (0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5)
-START, END = "<!-- levels:start -->", "<!-- levels:end -->"
 
 
 def run_setting(bench: Bench, model: Any, node_id: str | None, config: Config, setting: SamplerSetting,
@@ -75,17 +75,18 @@ def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[
         kinds = [kind for kind in kinds if kind == "video"]
     for kind in kinds:
         bench = Bench(kind)
+        base = bench.base
         if context_windows:
             from comfy_extras.nodes_context_windows import ContextWindowsManualNode
 
-            bench.base = harness_sampling.execute_node(ContextWindowsManualNode, model=bench.base, **WINDOWS)[0]
+            base = harness_sampling.execute_node(ContextWindowsManualNode, model=base, **WINDOWS)[0]
         for setting in SETTINGS:
             if samplers and setting.sampler not in samplers:
                 continue
-            references = {pair: bench.decode(bench.sample(bench.base, pair, setting)) for pair in pairs[kind]}
+            references = {pair: bench.decode(bench.sample(base, pair, setting)) for pair in pairs[kind]}
             cell: dict = {"kind": kind, "setting": setting.key, "levels": {}, "native": {}}
             for name in levels:
-                model, node_id = harness_sampling.apply(bench.base.clone(), "magcache", quality=name)
+                model, node_id = harness_sampling.apply(base.clone(), "magcache", quality=name)
                 result = run_setting(bench, model, node_id, Config("magcache"), setting, references)
                 cell["levels"][name] = result
                 progress(f"{kind} {setting.key} {name}: {result['rows']:.2f}x, {result['worst']:.2f} / "
