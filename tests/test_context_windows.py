@@ -276,31 +276,60 @@ def pytest_generate_tests(metafunc):
             if spec.family == "wan" and name != "wan21" and spec.available() and spec.latent_spatial[0] > 1])
 
 
+def uncached_windowed_run(job, windowed, model, name: str) -> torch.Tensor:
+    """The uncached windowed run. Where it fails on this ComfyUI itself (conditioning a model
+    without resize_cond_for_context_window cannot slice per window, as on 0.3.75), the test is
+    skipped; where the model can slice, the failure stands."""
+    try:
+        return job.run(windowed)
+    except RuntimeError as error:
+        if hasattr(model.model, "resize_cond_for_context_window"):
+            raise
+        pytest.skip(f"this ComfyUI's context windows fail on {name} uncached: {error}")
+
+
+def assert_skips_per_window(windowed, job, patched, node_id: str) -> None:
+    """A run of ``patched`` skips, each window of the schedule is an entry of every branch, and a
+    second run repeats the first."""
+    from harness.sampling import stats
+
+    first = job.run(patched)
+    run_stats = stats(node_id)
+    windows = len(windows_per_step(windowed, FRAMES, 1)[0])
+    assert windows > 1 and run_stats["calls_skipped"] > 0, run_stats["summary"]
+    assert all(b["entries"] == windows for b in run_stats["branches"]), run_stats["branches"]
+    assert torch.equal(job.run(patched), first)
+
+
+def assert_the_measured_rule_caches_per_window(windowed, job, uncached: torch.Tensor) -> None:
+    """With the measured-error rule the levels run (no table): a measuring run that never skips
+    equals the uncached windowed run; at its largest tolerance (random weights err far more than a
+    trained model) it skips per window."""
+    from harness.sampling import apply
+
+    never, _ = apply(windowed, "magcache", quality="custom", skip_rule="measured", threshold=0.0)
+    assert torch.equal(job.run(never), uncached)
+    patched, node_id = apply(windowed, "magcache", quality="custom", skip_rule="measured", threshold=2.0,
+                             max_consecutive_skips=3, retention_ratio=0.0)
+    assert_skips_per_window(windowed, job, patched, node_id)
+
+
 def test_the_other_tiny_wan_models_cache_per_window(host, wan_variant):
     """Their extra conditioning (an image to extend, VACE frames, camera poses) is sliced per window
     by ComfyUI. ComfyUI 0.3.75, whose models have no resize_cond_for_context_window, cannot slice
     some of it (its own uncached run fails): skipped there."""
-    from harness.sampling import Job, apply, stats
+    from harness.sampling import Job, apply
 
     model = host.test_module("tiny_models").build_model(wan_variant, seed=0)
     windowed = with_windows(model, "WanContextWindowsManual", "standard_static")
     job = Job(wan_variant, frames=FRAMES)
-    try:
-        uncached = job.run(windowed)
-    except RuntimeError as error:
-        if hasattr(model.model, "resize_cond_for_context_window"):
-            raise
-        pytest.skip(f"this ComfyUI's context windows fail on {wan_variant} uncached: {error}")
+    uncached = uncached_windowed_run(job, windowed, model, wan_variant)
     # A published Wan table chosen by name (only the mechanics matter on random weights).
     variant = next(v.name for v in host.pack_module("families").family_for(model.model).variants if v.magcache)
     zero, _ = apply(windowed, "magcache", threshold=0.0, variant=variant)
     assert torch.equal(job.run(zero), uncached)
     patched, node_id = apply(windowed, "magcache", variant=variant, **FORCED)
-    first = job.run(patched)
-    run_stats = stats(node_id)
-    windows = len(windows_per_step(windowed, FRAMES, 1)[0])
-    assert run_stats["calls_skipped"] > 0 and all(b["entries"] == windows for b in run_stats["branches"])
-    assert torch.equal(job.run(patched), first)
+    assert_skips_per_window(windowed, job, patched, node_id)
 
 
 def other_video_families() -> list[str]:
@@ -315,43 +344,23 @@ def other_video_families() -> list[str]:
 
 @pytest.mark.parametrize("video_model", other_video_families())
 def test_other_video_families_cache_per_window(host, video_model):
-    """ContextWindowsManual on the time axis of every other video family, with the measured-error
-    rule the levels run (no table): a measuring run that never skips equals the uncached windowed
-    run, and one that skips keeps each window's entries apart and repeats itself. A model whose own
-    uncached windowed run fails on this ComfyUI (conditioning it cannot slice per window) is skipped
-    only where the model has no resize_cond_for_context_window."""
-    from harness.sampling import Job, apply, stats
+    """ContextWindowsManual on the time axis of every other video family (HunyuanVideo's I2V and
+    1.5 conditioning fail in 0.3.75's own windowed run: skipped there)."""
+    from harness.sampling import Job
 
     model = host.test_module("tiny_models").build_model(video_model, seed=0)
     windowed = with_windows(model, "ContextWindowsManual", "standard_static")
     job = Job(video_model, frames=FRAMES)
-    try:
-        uncached = job.run(windowed)
-    except RuntimeError as error:
-        if hasattr(model.model, "resize_cond_for_context_window"):
-            raise
-        pytest.skip(f"this ComfyUI's context windows fail on {video_model} uncached: {error}")
-    never, _ = apply(windowed, "magcache", quality="custom", skip_rule="measured", threshold=0.0)
-    assert torch.equal(job.run(never), uncached)
-    # Random weights err far more than a trained model: the rule at its largest tolerance skips.
-    patched, node_id = apply(windowed, "magcache", quality="custom", skip_rule="measured", threshold=2.0,
-                             max_consecutive_skips=3, retention_ratio=0.0)
-    first = job.run(patched)
-    run_stats = stats(node_id)
-    windows = len(windows_per_step(windowed, FRAMES, 1)[0])
-    assert run_stats["calls_skipped"] > 0, run_stats["summary"]
-    assert all(b["entries"] == windows for b in run_stats["branches"]), run_stats["branches"]
-    assert torch.equal(job.run(patched), first)
+    assert_the_measured_rule_caches_per_window(windowed, job, uncached_windowed_run(job, windowed, model, video_model))
 
 
 @pytest.mark.parametrize("retain_first_frame", [False, True], ids=["plain", "retain-first-frame"])
 def test_ltxv_context_windows_cache_per_window(host, retain_first_frame):
     """LTXV Context Windows (ComfyUI 0.30.0; lengths in pixel frames, 8 per latent frame, and the
-    option to keep the first latent frame in every window): as on the other nodes, a never-skipping
-    measuring run equals the uncached windowed run, and a skipping one keeps each window apart."""
+    option to keep the first latent frame in every window), on the tiny LTX-Video."""
     from comfy_extras import nodes_context_windows
 
-    from harness.sampling import Job, apply, execute_node, stats
+    from harness.sampling import Job, execute_node
 
     ltxv_node = getattr(nodes_context_windows, "LTXVContextWindowsNode", None)
     if ltxv_node is None:
@@ -362,14 +371,4 @@ def test_ltxv_context_windows_cache_per_window(host, retain_first_frame):
                             context_schedule="standard_static", fuse_method="pyramid", freenoise=False,
                             retain_first_frame=retain_first_frame)[0]
     job = Job("ltxv", frames=FRAMES)
-    uncached = job.run(windowed)
-    never, _ = apply(windowed, "magcache", quality="custom", skip_rule="measured", threshold=0.0)
-    assert torch.equal(job.run(never), uncached)
-    patched, node_id = apply(windowed, "magcache", quality="custom", skip_rule="measured", threshold=2.0,
-                             max_consecutive_skips=3, retention_ratio=0.0)
-    first = job.run(patched)
-    run_stats = stats(node_id)
-    windows = len(windows_per_step(windowed, FRAMES, 1)[0])
-    assert windows > 1 and run_stats["calls_skipped"] > 0, run_stats["summary"]
-    assert all(b["entries"] == windows for b in run_stats["branches"]), run_stats["branches"]
-    assert torch.equal(job.run(patched), first)
+    assert_the_measured_rule_caches_per_window(windowed, job, job.run(windowed))

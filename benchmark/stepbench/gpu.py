@@ -141,7 +141,7 @@ def _conditioning(case: GpuCase, seed: int) -> list:
 
 
 def _identity_block(args: dict, extra: dict) -> dict:
-    return {key: args[key] for key in ("img", "txt") if key in args}
+    return harness_sampling.pack("nodes.runtime").passthrough(args)  # what a skipped block returns
 
 
 def identity_blocks(model: Any) -> tuple[Any, None]:

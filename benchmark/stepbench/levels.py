@@ -32,12 +32,14 @@ NATIVE_THRESHOLDS = (0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5)
 START, END = "<!-- levels:start -->", "<!-- levels:end -->"
 
 
-def describe_pairs(pairs: dict[str, list[Pair]]) -> str:
+def describe_pairs(pairs: dict[str, list[Pair]], kinds: tuple[str, ...] = ("image", "video")) -> str:
     def span(values: set[int]) -> str:
         return f"{min(values)}-{max(values)}" if len(values) > 1 else str(min(values))
 
     parts = []
     for kind, noun in (("image", "images"), ("video", "clips")):
+        if kind not in kinds:
+            continue
         classes, seeds = {p.class_index for p in pairs[kind]}, {p.seed for p in pairs[kind]}
         parts.append(f"{kind} model: {len(pairs[kind])} {noun} (classes {span(classes)} x seeds {span(seeds)})")
     return ", ".join(parts)
@@ -69,10 +71,11 @@ WINDOWS = dict(context_length=5, context_overlap=2, dim=2, context_schedule="sta
 def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[[str], None],
                pairs: dict[str, list[Pair]] = PAIRS, context_windows: bool = False) -> dict:
     levels = harness_sampling.pack("cache_core.quality").LEVELS
-    out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": [],
-                 "pairs": describe_pairs(pairs), "context_windows": context_windows}
     if context_windows:
         kinds = [kind for kind in kinds if kind == "video"]
+    out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": [],
+                 "pairs": describe_pairs(pairs, tuple(kinds)), "held_out": pairs is HELD_OUT,
+                 "context_windows": context_windows}
     for kind in kinds:
         bench = Bench(kind)
         base = bench.base
@@ -119,14 +122,14 @@ def markdown(data: dict, command: str) -> str:
     windows = data.get("context_windows", False)
     evaluated = data.get("pairs", describe_pairs(PAIRS))
     if windows:
-        evaluated = evaluated.split(", video model: ")[-1]
-        evaluated = ("video model: " + evaluated + " in ComfyUI's Context Windows (length 5, overlap 2, "
-                     "standard_static: two windows), against the uncached windowed runs")
+        evaluated += (" in ComfyUI's Context Windows (length 5, overlap 2, standard_static: two windows), "
+                      "against the uncached windowed runs")
     native = ("" if windows else " Native: the fastest reuse_threshold of "
               f"{list(NATIVE_THRESHOLDS)} whose worst case holds the level's promise (- where none does).")
+    heading = (" in context windows" if windows else " on held-out images and clips" if data.get("held_out")
+               else " (the headline)")
     out = [
-        "## Quality levels" + (" in context windows" if windows else " (the headline)"
-                               if evaluated == describe_pairs(PAIRS) else " on held-out images and clips"),
+        "## Quality levels" + heading,
         "",
         f"Made by `{command}`. Row speedup of the block stack, worst / mean PSNR (dB) against uncached; "
         f"{evaluated}, cfg 4. The pack: Apply MagCache with only `quality` set (`variant: auto`, no table, "
