@@ -2,7 +2,8 @@
 
     ./dev bench --levels   the headline table: the quality levels on both reference models and
                            both samplers, beside EasyCache and LazyCache (quality-only, ~15 min);
-                           --held-out: on other classes and seeds; --context-windows: the video
+                           --second-set: on the other set they were chosen on; --held-out: on
+                           seeds neither set has; --context-windows: the video
                            model in ComfyUI's Context Windows (bench-out/ only)
     ./dev bench            full sweep (results: bench-out/results.md, .json, speed_quality.png,
                            and a copy in docs/benchmark.md + docs/benchmark.png); hours on 2 busy
@@ -51,8 +52,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="only the headline table: the quality levels on both reference models and both "
                         "samplers beside EasyCache and LazyCache (quality-only; bench-out/levels.md, and the "
                         "top of docs/benchmark.md with --docs); about 15 min")
+    parser.add_argument("--second-set", action="store_true",
+                        help="with --levels: evaluate on the second set the levels were chosen on (other classes "
+                        "and seeds than the headline's)")
     parser.add_argument("--held-out", action="store_true",
-                        help="with --levels: evaluate on other classes and seeds than the levels were chosen on")
+                        help="with --levels: evaluate on images and clips the levels were not chosen on (other seeds)")
     parser.add_argument("--context-windows", action="store_true",
                         help="with --levels: the video model in ComfyUI's Context Windows (two windows)")
     parser.add_argument("--controlnet", action="store_true",
@@ -176,10 +180,11 @@ def main(argv: list[str]) -> int:
         from stepbench import levels
 
         command = "./dev bench" + "".join(" " + shlex.quote(a) for a in argv)
-        data = levels.run_levels(args.kinds or list(configs.KINDS), args.samplers, progress,
-                                 levels.HELD_OUT if args.held_out else levels.PAIRS, args.context_windows)
+        pair_set = "held-out" if args.held_out else "second" if args.second_set else "headline"
+        data = levels.run_levels(args.kinds or list(configs.KINDS), args.samplers, progress, pair_set,
+                                 args.context_windows)
         # Only the headline set writes docs/benchmark.md's headline block.
-        headline = args.docs and not (args.held_out or args.context_windows)
+        headline = args.docs and pair_set == "headline" and not args.context_windows
         print(levels.write(data, command, args.out, REPO_ROOT / "docs" / "benchmark.md" if headline else None))
         print(f"wrote {args.out / 'levels.md'} in {(time.perf_counter() - started) / 60:.1f} min")
         return 0

@@ -1,21 +1,28 @@
-"""The benchmark's evaluation sets: the held-out set (``./dev bench --levels --held-out``) shares
-no image or clip with the one the quality levels were chosen on, and stays within each reference
+"""The benchmark's evaluation sets: the levels were chosen on the headline set and a second set of
+other content (``./dev bench --levels --second-set``); the held-out set (``--held-out``) shares no
+seed with either, so it is noise the choice never saw, and every set stays within each reference
 model's classes."""
 
 from __future__ import annotations
 
 
-def test_the_held_out_set_shares_nothing_with_the_levels_set(host):
+def test_the_held_out_set_shares_no_seed_with_the_sets_the_levels_were_chosen_on(host):
     from stepbench import levels
 
     models = host.pack_module("demo.models")
     for kind in ("image", "video"):
-        chosen = {(p.class_index, p.seed) for p in levels.PAIRS[kind]}
+        headline = {(p.class_index, p.seed) for p in levels.PAIRS[kind]}
+        second = {(p.class_index, p.seed) for p in levels.SECOND_SET[kind]}
         held = {(p.class_index, p.seed) for p in levels.HELD_OUT[kind]}
-        assert held and not chosen & held, kind
-        assert not {c for c, _ in chosen} & {c for c, _ in held}, kind  # other content, not only other noise
-        assert max(c for c, _ in held) < len(models.CLASSES[kind]), kind
-    assert levels.describe_pairs(levels.HELD_OUT) == (
-        "image model: 12 images (classes 4-9 x seeds 10-11), video model: 8 clips (classes 4-7 x seeds 10-11)")
+        assert second and held, kind
+        # The second set is other content, not only other noise.
+        assert not {c for c, _ in headline} & {c for c, _ in second}, kind
+        assert not {s for _, s in headline | second} & {s for _, s in held}, kind
+        assert {c for c, _ in held} == set(range(len(models.CLASSES[kind]))), kind  # every class, held out
+        assert max(c for c, _ in headline | second) < len(models.CLASSES[kind]), kind
     assert levels.describe_pairs(levels.PAIRS) == (
         "image model: 16 images (classes 0-3 x seeds 0-3), video model: 8 clips (classes 0-3 x seeds 0-1)")
+    assert levels.describe_pairs(levels.SECOND_SET) == (
+        "image model: 12 images (classes 4-9 x seeds 10-11), video model: 8 clips (classes 4-7 x seeds 10-11)")
+    assert levels.describe_pairs(levels.HELD_OUT) == (
+        "image model: 20 images (classes 0-9 x seeds 30-31), video model: 8 clips (classes 0-7 x seed 30)")

@@ -89,7 +89,9 @@ def test_threshold_zero_is_bit_identical_and_the_run_skips(host, baselines, fami
 
 
 def test_a_controlled_run_skips_and_stays_as_close_to_uncached_as_a_run_without(host):
-    """The demo image model (trained dynamics) at the `fast` level, with and without a ControlNet."""
+    """The demo image model (trained dynamics) at the `fast` level, with and without a ControlNet: both
+    hold the level's promise. (One image's PSNR at a level moves by a few dB with any change of content,
+    docs/experiments.md sections 17-18, so the two are not compared with each other.)"""
     from harness.sampling import apply, stats
 
     models = host.pack_module("demo.models")
@@ -112,7 +114,8 @@ def test_a_controlled_run_skips_and_stays_as_close_to_uncached_as_a_run_without(
         results[name] = (psnr(out, reference), stats(node_id)["calls_skipped"], reference)
     assert psnr(results["controlled"][2], results["plain"][2]) < 30  # the ControlNet does change the image
     assert results["controlled"][1] > 0 and stats(node_id)["disabled_reason"] is None
-    assert results["controlled"][0] >= results["plain"][0] - 2.0, results
+    promise = host.pack_module("cache_core.quality").LEVELS["fast"].worst_db
+    assert min(results["controlled"][0], results["plain"][0]) >= promise, results
 
 
 def test_a_controlnet_that_starts_or_stops_partway_makes_its_step_compute(flux, controlnet):

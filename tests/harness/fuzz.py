@@ -77,6 +77,8 @@ WINDOW_SCHEDULES = [option for option in next(
     if i.id == "context_schedule").options]
 REFUSED_SCHEDULES = ("looped_uniform",)  # nodes/runtime.py: context_windows_refused
 WINDOWED_FRAMES = [3, 5, 7]
+SOAKED_WINDOWED_MODELS = (WINDOWED_MODEL, *OTHER_WINDOWED_MODELS)
+SOAKED_WINDOW_SCHEDULES = [schedule for schedule in WINDOW_SCHEDULES if schedule not in REFUSED_SCHEDULES]
 # Samplers that evaluate the model between the schedule's sigmas (dpmpp_2s_ancestral's midpoints).
 SUBSTEP_SAMPLERS = ("dpmpp_2s_ancestral",)
 MIN_STEPS_TO_CACHE = 10
@@ -555,11 +557,13 @@ class SoakReport:
     cached: bool = True
     families: tuple[str, ...] = ()
     warmup: int = 0
+    windowed: int = 0  # runs in ComfyUI's context windows
 
     def summary(self) -> str:
         mib = 1 << 20
         what = "cached" if self.cached else "uncached (control)"
         return (f"soak, {what}: {self.runs} runs over {len(self.families)} tiny models ({', '.join(self.families)}) "
+                f"({self.windowed} in context windows) "
                 f"in {self.seconds:.0f} s; RSS after {self.warmup} warm-up runs {self.rss_after_warmup / mib:.0f} MiB, "
                 f"peak {self.rss_peak / mib:.0f} MiB, end {self.rss_end / mib:.0f} MiB "
                 f"(drift {(self.rss_end - self.rss_after_warmup) / mib:+.1f} MiB); live torch tensors after warm-up "
@@ -590,14 +594,21 @@ def soak(runs: int = 200, warmup: int = 20, seed: int = 0, cached: bool = True) 
         # stays at most 2, the largest the tiny models' learned position tables take (SD3, Cosmos).
         turn = index // len(soaked)
         video = takes_frames(driver.tiny.FAMILIES[family])
+        # Every other pass puts ComfyUI's context windows on the families that take them, so the
+        # per-window caches are soaked too (one schedule after another, before or after the node).
+        windows = None
+        if family in SOAKED_WINDOWED_MODELS and turn % 2 == 1:
+            windows = ("ContextWindowsManual", ("before", "after")[(turn // 2) % 2],
+                       SOAKED_WINDOW_SCHEDULES[(turn // 2) % len(SOAKED_WINDOW_SCHEDULES)], 2, 1)
         specs.append(RunSpec(
             family=family, method=("magcache", "teacache")[turn % 2], threshold=5.0,
             estimator=ESTIMATORS[turn % len(ESTIMATORS)], cfg_branches=CFG_BRANCHES[(turn // 2) % 2],
             check=CHECKS[turn % len(CHECKS)], steps=10, cfg=3.0, sampler="euler", scheduler="simple", denoise=1.0,
-            batch=rng.choice([1, 2, 3]), scale=rng.choice([1, 2]), frames=rng.choice([1, 2, 4]) if video else None,
-            advanced=None, interrupt_after=None, seed=index,
+            batch=rng.choice([1, 2, 3]) if windows is None else 1, scale=rng.choice([1, 2]),
+            frames=rng.choice(WINDOWED_FRAMES) if windows else rng.choice([1, 2, 4]) if video else None,
+            advanced=None, interrupt_after=None, seed=index, context_windows=windows,
         ))
-    models = [driver.reused(spec)[0] if cached else driver.base_model(spec.family) for spec in specs]
+    models = [driver.reused(spec)[0] if cached else driver.unpatched(spec) for spec in specs]
     process = psutil.Process()
     started = time.perf_counter()
     rss_after_warmup = tensors_after_warmup = rss_peak = 0
@@ -613,4 +624,4 @@ def soak(runs: int = 200, warmup: int = 20, seed: int = 0, cached: bool = True) 
     logging.getLogger("stepcache").setLevel(logging.NOTSET)
     return SoakReport(runs, rss_after_warmup, rss_peak, process.memory_info().rss, tensors_after_warmup,
                       live_tensor_count(), len(driver.live_cache_objects()), time.perf_counter() - started,
-                      checkpoints, cached, soaked, warmup)
+                      checkpoints, cached, soaked, warmup, sum(spec.context_windows is not None for spec in specs))
