@@ -74,7 +74,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1, help="images per run (same class and seed)")
     parser.add_argument("--reps", type=int, default=None,
                         help="interleaved timing repetitions per pair (default 2; quick 1)")
-    parser.add_argument("--cfg", type=float, default=4.0)
+    parser.add_argument("--cfg", type=float, default=4.0, help="CFG scale of the sweep, and of --levels (default 4)")
     parser.add_argument("--samplers", nargs="*", choices=["euler", "dpmpp_2m"], default=None,
                         help="only these sampler settings (default both)")
     parser.add_argument("--kinds", nargs="*", choices=["image", "video"], default=None,
@@ -182,9 +182,9 @@ def main(argv: list[str]) -> int:
         command = "./dev bench" + "".join(" " + shlex.quote(a) for a in argv)
         pair_set = "held-out" if args.held_out else "second" if args.second_set else "headline"
         data = levels.run_levels(args.kinds or list(configs.KINDS), args.samplers, progress, pair_set,
-                                 args.context_windows)
+                                 args.context_windows, args.cfg)
         # Only the headline set writes docs/benchmark.md's headline block.
-        headline = args.docs and pair_set == "headline" and not args.context_windows
+        headline = args.docs and pair_set == "headline" and not args.context_windows and args.cfg == 4.0
         print(levels.write(data, command, args.out, REPO_ROOT / "docs" / "benchmark.md" if headline else None))
         print(f"wrote {args.out / 'levels.md'} in {(time.perf_counter() - started) / 60:.1f} min")
         return 0

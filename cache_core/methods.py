@@ -210,6 +210,8 @@ class MeasuredErrorConfig(MethodConfig):
     retention_ratio: float = 0.2
     growth: float = 1.0  # prior exponent of the error's growth with the gap (fitted up to 2)
     guided: bool = True  # measure on the guided residual (both CFG branches decide together)
+    # The CFG scale the tolerance was chosen at: higher scales tighten it (MeasuredErrorPolicy).
+    guidance_reference: float | None = None
     level: str | None = None  # the quality level these settings are, for the statistics
 
     display_name: ClassVar[str] = "measured error"
@@ -217,7 +219,8 @@ class MeasuredErrorConfig(MethodConfig):
     def build_policy(self, schedule: RunSchedule, constants: PublishedConstants) -> CachePolicy:
         return MeasuredErrorPolicy(schedule, self.tolerance, self.max_consecutive_skips, self.retention_ratio,
                                    estimator=self.estimator.build(), guided=self.guided,
-                                   prior_growth=self.growth, growth_range=(self.growth, 2.0))
+                                   prior_growth=self.growth, growth_range=(self.growth, 2.0),
+                                   guidance_reference=self.guidance_reference)
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         where = f"quality {self.level}: " if self.level else ""

@@ -81,6 +81,11 @@ class CachePolicy(ABC):
     def new_state(self, branch: int) -> EntryState:
         return self.state_type(branch=branch)
 
+    def use_guidance_scale(self, cfg: float | None) -> None:
+        """The run's CFG scale (None where the guider has none), told once before the first step;
+        a policy whose tolerance depends on it adapts here."""
+        return None  # the published rules' thresholds hold at any scale
+
     def decide(self, entry: EntryState, step: int, signal: float | None) -> bool:
         """``wants_skip`` once per step: a decision taken ahead of the call is not taken twice."""
         if entry.wanted_step != step:
@@ -343,6 +348,10 @@ class MeasuredErrorPolicy(CachePolicy):
 
     ``growth`` starts at ``prior_growth`` and follows the measurements once two of them bridge
     different gaps (clamped, so one noisy pair cannot promise long skips).
+
+    ``guidance_reference``: the CFG scale the tolerance was chosen at. A run at a higher scale gets
+    the tolerance times reference / cfg, since the sampler's cfg * cond - (cfg - 1) * uncond carries
+    each branch's error amplified by about cfg (docs/experiments.md section 19); a lower scale keeps it.
     """
 
     name = "measured error"
@@ -359,9 +368,11 @@ class MeasuredErrorPolicy(CachePolicy):
         prior_growth: float = 1.0,
         growth_range: tuple[float, float] = (1.0, 2.0),
         guided: bool = True,
+        guidance_reference: float | None = None,
     ) -> None:
         super().__init__(schedule, estimator)
         self.tolerance = tolerance
+        self.guidance_reference = guidance_reference
         # Measure on the guided residual where the call holds both CFG branches (else per entry).
         self.measures_guided = guided
         self.max_consecutive_skips = max_consecutive_skips
@@ -378,6 +389,11 @@ class MeasuredErrorPolicy(CachePolicy):
 
     def new_state(self, branch: int) -> MeasuredState:
         return MeasuredState(branch=branch, growth=self.prior_growth)
+
+    def use_guidance_scale(self, cfg: float | None) -> None:
+        reference = self.guidance_reference
+        if reference is not None and cfg is not None and cfg > reference:
+            self.tolerance *= reference / cfg
 
     def observe(self, entry: MeasuredState, gap: float, error: float) -> None:
         """A measurement: skipping the step just computed, ``gap`` past its anchors, would have

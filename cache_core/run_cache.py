@@ -137,6 +137,7 @@ class RunCache:
     ) -> None:
         self.schedule = schedule
         self.policy = policy
+        policy.use_guidance_scale(cfg)
         self.estimator = policy.estimator
         self.cache_device = cache_device
         # Calibration runs compute residuals every step without ever skipping.

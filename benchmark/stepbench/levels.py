@@ -10,6 +10,7 @@ uncached.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import re
@@ -78,13 +79,15 @@ WINDOWS = dict(context_length=5, context_overlap=2, dim=2, context_schedule="sta
 
 
 def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[[str], None],
-               pair_set: str = "headline", context_windows: bool = False) -> dict:
+               pair_set: str = "headline", context_windows: bool = False, cfg: float = 4.0) -> dict:
     levels = harness_sampling.pack("cache_core.quality").LEVELS
     pairs = SETS[pair_set]
+    settings = [dataclasses.replace(setting, cfg=cfg) for setting in SETTINGS]
     if context_windows:
         kinds = [kind for kind in kinds if kind == "video"]
     out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": [],
-                 "pairs": describe_pairs(pairs, tuple(kinds)), "set": pair_set, "context_windows": context_windows}
+                 "pairs": describe_pairs(pairs, tuple(kinds)), "set": pair_set, "context_windows": context_windows,
+                 "cfg": cfg}
     for kind in kinds:
         bench = Bench(kind)
         base = bench.base
@@ -92,7 +95,7 @@ def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[
             from comfy_extras.nodes_context_windows import ContextWindowsManualNode
 
             base = harness_sampling.execute_node(ContextWindowsManualNode, model=base, **WINDOWS)[0]
-        for setting in SETTINGS:
+        for setting in settings:
             if samplers and setting.sampler not in samplers:
                 continue
             references = {pair: bench.decode(bench.sample(base, pair, setting)) for pair in pairs[kind]}
@@ -140,8 +143,8 @@ def markdown(data: dict, command: str) -> str:
         "## Quality levels" + heading,
         "",
         f"Made by `{command}`. Row speedup of the block stack, worst / mean PSNR (dB) against uncached; "
-        f"{evaluated}, cfg 4. The pack: Apply MagCache with only `quality` set (`variant: auto`, no table, "
-        "no calibration)." + native,
+        f"{evaluated}, cfg {data.get('cfg', 4.0):g}. The pack: Apply MagCache with only `quality` set "
+        "(`variant: auto`, no table, no calibration)." + native,
         "",
         "| level (promise) | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(cells),

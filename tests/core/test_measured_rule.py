@@ -10,10 +10,12 @@ from __future__ import annotations
 import torch
 
 
-def measured_run(core, steps=12, tolerance=0.1, k=3, retention=0.0, estimator="forecast", cfg=None):
+def measured_run(core, steps=12, tolerance=0.1, k=3, retention=0.0, estimator="forecast", cfg=None,
+                 guidance_reference=None):
     schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
     policy = core.policies.MeasuredErrorPolicy(schedule, tolerance, k, retention,
-                                               estimator=core.EstimatorSpec(estimator).build())
+                                               estimator=core.EstimatorSpec(estimator).build(),
+                                               guidance_reference=guidance_reference)
     return schedule, core.RunCache(schedule, policy, cfg=cfg)
 
 
@@ -91,3 +93,24 @@ def test_both_cfg_branches_are_measured_on_the_guided_residual_and_decide_togeth
     schedule, cache = measured_run(core, tolerance=0.05, k=1)
     stats, _ = drive(cache, schedule, residual, keys=("c", "u"), branches=(0, 1))
     assert stats.branches[0].steps_skipped == 0
+
+
+def test_a_higher_guidance_scale_than_the_reference_tightens_the_tolerance_in_proportion(core):
+    """The sampler's cfg * cond - (cfg - 1) * uncond carries each branch's error amplified by about
+    cfg, so a level chosen at cfg 4 runs at cfg 8 with half its tolerance; at or below the reference,
+    without a guidance scale, or without a reference, the tolerance is as given."""
+    for cfg, reference, tolerance in ((8.0, 4.0, 0.05), (4.0, 4.0, 0.1), (2.0, 4.0, 0.1), (None, 4.0, 0.1),
+                                      (8.0, None, 0.1)):
+        _, cache = measured_run(core, tolerance=0.1, cfg=cfg, guidance_reference=reference)
+        assert abs(cache.policy.tolerance - tolerance) < 1e-12, (cfg, reference)
+
+
+def test_a_tightened_tolerance_skips_fewer_steps(core):
+    curve = lambda step, _: torch.tensor(1.0 + (step / 12) ** 2 * 3)  # noqa: E731
+    skipped = {}
+    for cfg in (4.0, 16.0):
+        schedule, cache = measured_run(core, tolerance=0.2, k=4, cfg=cfg, guidance_reference=4.0)
+        stats, errors = drive(cache, schedule, curve)
+        assert all(e <= 2 * 0.2 * 4.0 / cfg for e in errors.values()), (cfg, errors)
+        skipped[cfg] = stats.branches[0].steps_skipped
+    assert skipped[16.0] < skipped[4.0], skipped
