@@ -72,6 +72,7 @@ class CachePolicy(ABC):
         self.estimator = estimator or ReuseEstimator()
         self.times = schedule.step_times
         self.never_skips_because: str | None = None  # set by policies that cannot skip at all
+        self.guidance_note: str | None = None  # how the run's CFG scale changed the settings, if it did
 
     @property
     @abstractmethod
@@ -394,6 +395,7 @@ class MeasuredErrorPolicy(CachePolicy):
         reference = self.guidance_reference
         if reference is not None and cfg is not None and cfg > reference:
             self.tolerance *= reference / cfg
+            self.guidance_note = f"tolerance x{reference / cfg:.2f} at cfg {cfg:g}"
 
     def observe(self, entry: MeasuredState, gap: float, error: float) -> None:
         """A measurement: skipping the step just computed, ``gap`` past its anchors, would have

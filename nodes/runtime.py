@@ -437,6 +437,8 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
         record_trace=settings.record_trace, observer=observer, check=check,
         head_cost=1.0 / blocks if blocks else 0.0, cfg=guidance_scale(guider),
     )
+    if policy.guidance_note:
+        constants = f"{constants}; {policy.guidance_note}" if constants else policy.guidance_note
     reason = reason_not_to_skip(settings, guider, schedule, family)
     if reason is not None:
         cache.disable(reason)

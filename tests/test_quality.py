@@ -141,6 +141,8 @@ def test_every_level_holds_its_promise_on_the_reference_image_model(host, qualit
         for pair in pairs:
             psnrs.append(psnr(references[pair], run(patched, *pair)))
             stats = sampling.stats(node_id)
+            # The run says when the guidance scale tightened the level (the log line and the node's panel).
+            assert ("tolerance x0.57 at cfg 7" in stats["constants"]) == (cfg == 7.0), stats["constants"]
             rows += stats["rows_computed"] + stats["rows_skipped"]
             computed += stats["rows_computed"]
         speedups.append(rows / computed)

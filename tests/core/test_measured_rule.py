@@ -103,6 +103,7 @@ def test_a_higher_guidance_scale_than_the_reference_tightens_the_tolerance_in_pr
                                       (8.0, None, 0.1)):
         _, cache = measured_run(core, tolerance=0.1, cfg=cfg, guidance_reference=reference)
         assert abs(cache.policy.tolerance - tolerance) < 1e-12, (cfg, reference)
+        assert cache.policy.guidance_note == ("tolerance x0.50 at cfg 8" if tolerance == 0.05 else None)
 
 
 def test_a_tightened_tolerance_skips_fewer_steps(core):
