@@ -79,15 +79,16 @@ WINDOWS = dict(context_length=5, context_overlap=2, dim=2, context_schedule="sta
 
 
 def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[[str], None],
-               pair_set: str = "headline", context_windows: bool = False, cfg: float = 4.0) -> dict:
+               pair_set: str = "headline", context_windows: bool = False, cfg: float | None = None) -> dict:
+    """``cfg``: another guidance scale than the settings' own (cfg 4, where the levels were chosen)."""
     levels = harness_sampling.pack("cache_core.quality").LEVELS
     pairs = SETS[pair_set]
-    settings = [dataclasses.replace(setting, cfg=cfg) for setting in SETTINGS]
+    settings = [setting if cfg is None else dataclasses.replace(setting, cfg=cfg) for setting in SETTINGS]
     if context_windows:
         kinds = [kind for kind in kinds if kind == "video"]
     out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": [],
                  "pairs": describe_pairs(pairs, tuple(kinds)), "set": pair_set, "context_windows": context_windows,
-                 "cfg": cfg}
+                 "cfg": settings[0].cfg}
     for kind in kinds:
         bench = Bench(kind)
         base = bench.base
@@ -143,7 +144,7 @@ def markdown(data: dict, command: str) -> str:
         "## Quality levels" + heading,
         "",
         f"Made by `{command}`. Row speedup of the block stack, worst / mean PSNR (dB) against uncached; "
-        f"{evaluated}, cfg {data.get('cfg', 4.0):g}. The pack: Apply MagCache with only `quality` set "
+        f"{evaluated}, cfg {data.get('cfg', SETTINGS[0].cfg):g}. The pack: Apply MagCache with only `quality` set "
         "(`variant: auto`, no table, no calibration)." + native,
         "",
         "| level (promise) | " + " | ".join(names) + " |",
