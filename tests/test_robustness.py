@@ -28,6 +28,7 @@ def test_random_run_sequences_never_fail_leak_or_carry_state(fuzz):
     print(report.summary())
     assert report.runs == RUNS
     assert report.cached_runs > 0 and report.identical_checks > 0 and report.interrupted > 0, report.summary()
+    assert report.tightened > 0, report.summary()  # a level above its reference CFG scale was drawn
     assert not report.failures, report.summary()
 
 

@@ -54,6 +54,8 @@ ESTIMATORS = [(spec.name, spec.order, spec.damping) for spec in sampling.pack("c
 CFG_BRANCHES = ["together", "separate"]
 # The quality knob: custom (the expert inputs as drawn) half the time, else a level.
 QUALITIES = ["custom", "custom", "custom", "lossless", "high", "balanced", "fast"]
+# 6 is above the scale the levels were chosen at (quality.REFERENCE_CFG), where they tighten.
+CFG_SCALES = [1.0, 3.0, 3.0, 6.0]
 # Checks: off, or (check, tolerance) strict (most checked steps compute) and lenient (most skip).
 CHECKS = [("off", 0.1), ("off", 0.1), ("first_block", 0.05), ("first_block", 10.0), ("hindsight", 0.05),
           ("hindsight", 10.0)]
@@ -240,7 +242,7 @@ def draw(rng: random.Random, covered: Coverage) -> RunSpec:
     return RunSpec(
         family=family, method=method, threshold=rng.choice(THRESHOLDS[method]), estimator=rng.choice(ESTIMATORS),
         cfg_branches=rng.choice(CFG_BRANCHES), check=rng.choice(CHECKS), steps=steps,
-        cfg=rng.choice([1.0, 3.0, 3.0]), scheduler=rng.choice(SCHEDULERS),
+        cfg=rng.choice(CFG_SCALES), scheduler=rng.choice(SCHEDULERS),
         sampler=rng.choice(SAMPLERS if windows is None or windows_take_substeps()
                            else [s for s in SAMPLERS if s not in SUBSTEP_SAMPLERS]),
         denoise=rng.choice([1.0, 1.0, 0.6]) if advanced is None else 1.0,
@@ -269,6 +271,8 @@ class Report:
     foreign_patches: Counter = field(default_factory=Counter)  # runs with another pack's patch, by placement
     controlnets: Counter = field(default_factory=Counter)  # runs with a ControlNet, by start-end percent
     context_windows: Counter = field(default_factory=Counter)  # runs with context windows, by schedule
+    guidance_scales: Counter = field(default_factory=Counter)  # runs by CFG scale
+    tightened: int = 0  # runs at a level whose tolerance the CFG scale tightened
     exceptions: list[str] = field(default_factory=list)
     stale_state_mismatches: list[str] = field(default_factory=list)
     uncached_mismatches: list[str] = field(default_factory=list)
@@ -298,6 +302,8 @@ class Report:
             + (", ".join(f"{k}: {v}" for k, v in sorted(self.controlnets.items())) or "none drawn"),
             "context windows: "
             + (", ".join(f"{k} {v}" for k, v in sorted(self.context_windows.items())) or "none drawn"),
+            "CFG scales: " + ", ".join(f"{k:g} {v}" for k, v in sorted(self.guidance_scales.items()))
+            + f" ({self.tightened} runs at a level tightened by the scale)",
             f"exceptions: {len(self.exceptions)}",
             f"stale-state mismatches: {len(self.stale_state_mismatches)}",
             f"uncached runs not identical to unpatched: {len(self.uncached_mismatches)}",
@@ -318,6 +324,7 @@ class Driver:
         self.runtime = sampling.pack("nodes.runtime")
         self.run_cache = sampling.pack("cache_core.run_cache")
         self.history = sampling.pack("cache_core.history")
+        self.reference_cfg = sampling.pack("cache_core.quality").REFERENCE_CFG
         self.families = sampling.pack("families")
         self.borrowed_ratios = sampling.pack("families.published_magcache").FLUX_DEV
         self.base: dict[str, Any] = {}
@@ -446,6 +453,10 @@ class Driver:
         if not run["rows_checked"] <= run["rows_skipped"] or (run["rows_skipped"] > 0) != (run["calls_skipped"] > 0):
             problems.append(f"rows: {run['rows_skipped']} skipped, {run['rows_checked']} checked, "
                             f"{run['calls_skipped']} calls skipped")
+        # A level above the scale it was chosen at tightens its tolerance and says so; nothing else does.
+        tightened = spec.quality != "custom" and spec.cfg > self.reference_cfg
+        if tightened != (f"at cfg {spec.cfg:g}" in (run["constants"] or "")):
+            problems.append(f"constants {run['constants']!r} at quality {spec.quality}, cfg {spec.cfg:g}")
         if run["rows_checked"] and spec.check[0] != "first_block":
             problems.append(f"{run['rows_checked']} rows checked with the check off")
         return "; ".join(problems) or None
@@ -459,6 +470,7 @@ class Driver:
             report.controlnets["{:g}-{:g}".format(*spec.controlnet)] += 1
         if spec.context_windows is not None:
             report.context_windows[spec.context_windows[2]] += 1
+        report.guidance_scales[spec.cfg] += 1
         patched, node_id = self.reused(spec)
         try:
             output = self.run_interruptible(spec, patched)
@@ -475,6 +487,7 @@ class Driver:
             return
         if (problem := self.check_stats(spec, node_id)) is not None:
             report.stats_errors.append(f"{spec}: {problem}")
+        report.tightened += spec.quality != "custom" and spec.cfg > self.reference_cfg
         if self.declined(spec):
             report.identical_checks += 1
             if not same_output(output, spec.run(self.unpatched(spec))):
