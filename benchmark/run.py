@@ -57,6 +57,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "and seeds than the headline's)")
     parser.add_argument("--held-out", action="store_true",
                         help="with --levels: evaluate on images and clips the levels were not chosen on (other seeds)")
+    parser.add_argument("--weights", action="append", default=[], metavar="KIND=PATH",
+                        help="with --levels: another trained model of that kind (./dev train KIND --set seed=1 "
+                        "--out PATH) in place of the reference one, to see the levels on a model they were not "
+                        "chosen on")
     parser.add_argument("--context-windows", action="store_true",
                         help="with --levels: the video model in ComfyUI's Context Windows (two windows)")
     parser.add_argument("--controlnet", action="store_true",
@@ -181,10 +185,16 @@ def main(argv: list[str]) -> int:
 
         command = "./dev bench" + "".join(" " + shlex.quote(a) for a in argv)
         pair_set = "held-out" if args.held_out else "second" if args.second_set else "headline"
-        data = levels.run_levels(args.kinds or list(configs.KINDS), args.samplers, progress, pair_set,
-                                 args.context_windows, args.cfg)
+        weights = {}
+        for item in args.weights:
+            kind, _, path = item.partition("=")
+            if kind not in configs.KINDS or not path:
+                raise SystemExit(f"--weights {item!r}: expected KIND=PATH with KIND one of {list(configs.KINDS)}")
+            weights[kind] = pathlib.Path(os.environ.get("STEPCACHE_CALLER_CWD", os.getcwd())) / path
+        kinds = args.kinds or (list(weights) if weights else list(configs.KINDS))
+        data = levels.run_levels(kinds, args.samplers, progress, pair_set, args.context_windows, args.cfg, weights)
         # Only the headline set, at the settings' own cfg, writes docs/benchmark.md's headline block.
-        headline = (args.docs and pair_set == "headline" and not args.context_windows
+        headline = (args.docs and pair_set == "headline" and not args.context_windows and not weights
                     and data["cfg"] == levels.SETTINGS[0].cfg)
         print(levels.write(data, command, args.out, REPO_ROOT / "docs" / "benchmark.md" if headline else None))
         print(f"wrote {args.out / 'levels.md'} in {(time.perf_counter() - started) / 60:.1f} min")

@@ -26,3 +26,32 @@ def test_the_held_out_set_shares_no_seed_with_the_sets_the_levels_were_chosen_on
         "image model: 12 images (classes 4-9 x seeds 10-11), video model: 8 clips (classes 4-7 x seeds 10-11)")
     assert levels.describe_pairs(levels.HELD_OUT) == (
         "image model: 20 images (classes 0-9 x seeds 30-31), video model: 8 clips (classes 0-7 x seed 30)")
+
+
+def test_the_levels_bench_takes_another_trained_model_in_place_of_the_reference_one(host, tmp_path):
+    """``./dev bench --levels --weights image=PATH``: the levels on a model they were not chosen on."""
+    from stepbench import levels
+    from stepbench.runner import Bench
+
+    models = host.pack_module("demo.models")
+    state_dict, _ = models.read_weights(models.weights_path("image"))
+    name = next(iter(state_dict))
+    state_dict[name] = state_dict[name] + 1.0
+    other = tmp_path / "image_other.safetensors"
+    models.save_weights("image", state_dict, other, dtype=state_dict[name].dtype)
+    reference_bench, bench = Bench("image"), Bench("image", other)
+    try:
+        reference = models.checkpoint_state_dict("image", reference_bench.base)[name]
+        loaded = models.checkpoint_state_dict("image", bench.base)[name]
+    finally:
+        reference_bench.close()
+        bench.close()
+    assert torch_equal(loaded, state_dict[name]) and not torch_equal(loaded, reference)
+    data = {"levels": {"balanced": 29.0}, "cells": [], "pairs": "image model: 1 image", "set": "headline",
+            "cfg": 4.0, "weights": {"image": str(other)}}
+    text = levels.markdown(data, "./dev bench --levels --weights image=image_other.safetensors")
+    assert "## Quality levels on another trained model" in text and "image `image_other.safetensors`" in text
+
+
+def torch_equal(a, b) -> bool:
+    return a.shape == b.shape and bool((a == b).all())

@@ -79,8 +79,11 @@ WINDOWS = dict(context_length=5, context_overlap=2, dim=2, context_schedule="sta
 
 
 def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[[str], None],
-               pair_set: str = "headline", context_windows: bool = False, cfg: float | None = None) -> dict:
-    """``cfg``: another guidance scale than the settings' own (cfg 4, where the levels were chosen)."""
+               pair_set: str = "headline", context_windows: bool = False, cfg: float | None = None,
+               weights: dict[str, pathlib.Path] | None = None) -> dict:
+    """``cfg``: another guidance scale than the settings' own (cfg 4, where the levels were chosen).
+    ``weights``: by kind, another trained model than the reference one (the levels were not chosen on it)."""
+    weights = weights or {}
     levels = harness_sampling.pack("cache_core.quality").LEVELS
     pairs = SETS[pair_set]
     settings = [setting if cfg is None else dataclasses.replace(setting, cfg=cfg) for setting in SETTINGS]
@@ -88,9 +91,9 @@ def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[
         kinds = [kind for kind in kinds if kind == "video"]
     out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": [],
                  "pairs": describe_pairs(pairs, tuple(kinds)), "set": pair_set, "context_windows": context_windows,
-                 "cfg": settings[0].cfg}
+                 "cfg": settings[0].cfg, "weights": {kind: str(path) for kind, path in weights.items()}}
     for kind in kinds:
-        bench = Bench(kind)
+        bench = Bench(kind, weights.get(kind))
         base = bench.base
         if context_windows:
             from comfy_extras.nodes_context_windows import ContextWindowsManualNode
@@ -140,6 +143,10 @@ def markdown(data: dict, command: str) -> str:
     native = ("" if windows else " Native: the fastest reuse_threshold of "
               f"{list(NATIVE_THRESHOLDS)} whose worst case holds the level's promise (- where none does).")
     heading = " in context windows" if windows else HEADINGS[data.get("set", "headline")]
+    if data.get("weights"):
+        heading = " on another trained model" + ("" if data.get("set", "headline") == "headline" else heading)
+        evaluated += "; models: " + ", ".join(f"{kind} `{pathlib.Path(path).name}`"
+                                               for kind, path in data["weights"].items())
     out = [
         "## Quality levels" + heading,
         "",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import pathlib
 import re
 import statistics
 import time
@@ -183,13 +184,14 @@ class MemoryProbe:
 class Bench:
     """A reference model, its conditioning, and how each configuration is built and run."""
 
-    def __init__(self, kind: str = "image") -> None:
+    def __init__(self, kind: str = "image", weights: pathlib.Path | None = None) -> None:
+        """``weights``: another trained model of the kind (``./dev train KIND --out``) than the reference one."""
         self.kind = kind
         self.models = pack("demo.models")
         self.pixels = pack("demo.pixels")
         self.calibrate_nodes = pack("nodes.calibrate_nodes")
         self.runtime = pack("nodes.runtime")
-        self.base = self.models.load_model(kind)
+        self.base = self.models.load_model(kind, weights)
         self.native_log = NativeLog()
         logging.getLogger().addHandler(self.native_log)
 
