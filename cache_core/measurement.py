@@ -68,12 +68,14 @@ def measure_estimator_error(
     needs_full_history: bool,
     cfg: float | None,
     added: torch.Tensor | None = None,
+    guided_weight: float | None = None,
 ) -> None:
     """Measure, for each entry of a computed call (its rows of ``residual``, in order), the error
     the estimator's ``weights`` over its kept residuals would have made at ``time``. With ``cfg``,
     a call holding both CFG branches is measured on the guided residual cfg * cond - (cfg - 1) *
-    uncond, and both branches get that one value. An entry without what the estimate needs (or,
-    with ``needs_full_history``, without all the residuals the estimator keeps) gets None.
+    uncond, and both branches get that one value; or, with ``guided_weight``, each branch gets the
+    larger of its own error and that share of the guided one. An entry without what the estimate
+    needs (or, with ``needs_full_history``, without all the residuals the estimator keeps) gets None.
 
     ``added``: what the host added between the blocks and the residual leaves out (ControlNet
     outputs); the error is relative to the stack's whole change of the stream, residual + added, as
@@ -91,16 +93,20 @@ def measure_estimator_error(
         measurement.gap = time - kept.times[-1]
         anchors = [sample_rows(r, rows) for r in kept.residuals()]
         errors.append(history_ops.weighted_sum(anchors, weights(kept.times, time), part.device).sub_(part))
-    if cfg is not None and sorted(branches) == [0, 1] and all(e is not None for e in errors):
+    both = cfg is not None and sorted(branches) == [0, 1] and all(e is not None for e in errors)
+    # Each entry's own error (unless both get the guided one), taken before the combination below
+    # reuses the error tensors in place.
+    own = [None if error is None or (both and guided_weight is None) else relative_error(error, scale)
+           for error, scale in zip(errors, scales, strict=True)]
+    if both:
         cond, uncond = branches.index(0), branches.index(1)
         error = errors[cond].mul_(cfg).sub_(errors[uncond], alpha=cfg - 1.0)
         guided = scales[cond].float().mul(cfg).sub_(scales[uncond].float(), alpha=cfg - 1.0)
         combined = relative_error(error, guided)
-        for measurement in measurements:
-            measurement.error = combined
-        return
-    for measurement, error, scale in zip(measurements, errors, scales, strict=True):
-        measurement.error = relative_error(error, scale) if error is not None else None
+        own = ([combined] * len(own) if guided_weight is None
+               else [torch.maximum(e, combined.mul(guided_weight)) for e in own])
+    for measurement, error in zip(measurements, own, strict=True):
+        measurement.error = error
 
 
 __all__ = ["SAMPLES_PER_ROW", "MeasuredError", "measure_estimator_error", "relative_error", "sample_rows"]

@@ -210,6 +210,8 @@ class MeasuredErrorConfig(MethodConfig):
     retention_ratio: float = 0.2
     growth: float = 1.0  # prior exponent of the error's growth with the gap (fitted up to 2)
     guided: bool = True  # measure on the guided residual (both CFG branches decide together)
+    # Measuring per branch: charge each branch at least this share of the guided residual's error.
+    guided_error_weight: float = 0.0
     # The CFG scale the tolerance was chosen at: higher scales tighten it (MeasuredErrorPolicy).
     guidance_reference: float | None = None
     level: str | None = None  # the quality level these settings are, for the statistics
@@ -220,7 +222,8 @@ class MeasuredErrorConfig(MethodConfig):
         return MeasuredErrorPolicy(schedule, self.tolerance, self.max_consecutive_skips, self.retention_ratio,
                                    estimator=self.estimator.build(), guided=self.guided,
                                    prior_growth=self.growth, growth_range=(self.growth, 2.0),
-                                   guidance_reference=self.guidance_reference)
+                                   guidance_reference=self.guidance_reference,
+                                   guided_error_weight=self.guided_error_weight)
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         where = f"quality {self.level}: " if self.level else ""

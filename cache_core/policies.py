@@ -66,6 +66,9 @@ class CachePolicy(ABC):
     measures_error: bool = False
     # ... and measures it on the guided residual when a call holds both CFG branches.
     measures_guided: bool = False
+    # Measuring per branch, each branch's error is charged at least this share of the guided
+    # residual's error (0: its own alone). See MeasuredErrorPolicy.
+    guided_error_weight: float = 0.0
 
     def __init__(self, schedule: RunSchedule, estimator: Estimator | None = None) -> None:
         self.schedule = schedule
@@ -350,6 +353,11 @@ class MeasuredErrorPolicy(CachePolicy):
     ``growth`` starts at ``prior_growth`` and follows the measurements once two of them bridge
     different gaps (clamped, so one noisy pair cannot promise long skips).
 
+    ``guided_error_weight`` (per-branch measurement only): each branch's error is charged as at least
+    that share of the guided residual's error, a net for models where the guidance scale amplifies the
+    branches' errors more than it did on the models the tolerance was chosen on (docs/experiments.md
+    section 21).
+
     ``guidance_reference``: the CFG scale the tolerance was chosen at. A run at a higher scale gets
     the tolerance times reference / cfg, since the sampler's cfg * cond - (cfg - 1) * uncond carries
     each branch's error amplified by about cfg (docs/experiments.md section 19); a lower scale keeps it.
@@ -370,9 +378,11 @@ class MeasuredErrorPolicy(CachePolicy):
         growth_range: tuple[float, float] = (1.0, 2.0),
         guided: bool = True,
         guidance_reference: float | None = None,
+        guided_error_weight: float = 0.0,
     ) -> None:
         super().__init__(schedule, estimator)
         self.tolerance = tolerance
+        self.guided_error_weight = 0.0 if guided else guided_error_weight
         self.guidance_reference = guidance_reference
         # Measure on the guided residual where the call holds both CFG branches (else per entry).
         self.measures_guided = guided

@@ -33,13 +33,16 @@ class QualityLevel:
     # section 18); the guided residual and a fitted growth remain MeasuredErrorConfig's options.
     growth: float = 2.0  # prior exponent of the error's growth with the gap
     guided: bool = False  # measure per CFG branch, not on the guided residual
+    # ... charging each branch at least half the guided residual's error: a net for models whose
+    # guidance amplifies the branches' errors more than the reference models' (section 21).
+    guided_error_weight: float = 0.5
     estimator: EstimatorSpec = field(default_factory=lambda: EstimatorSpec("damped_forecast", damping=0.5))
 
     def config(self) -> MeasuredErrorConfig:
         return MeasuredErrorConfig(
             tolerance=self.tolerance, max_consecutive_skips=self.max_consecutive_skips,
             retention_ratio=self.retention_ratio, growth=self.growth, guided=self.guided, estimator=self.estimator,
-            guidance_reference=REFERENCE_CFG, level=self.name,
+            guided_error_weight=self.guided_error_weight, guidance_reference=REFERENCE_CFG, level=self.name,
         )
 
 

@@ -153,7 +153,9 @@ class RunCache:
         # decides from it); with the guidance scale known, a call holding both CFG branches
         # measures it on what the sampler uses, cfg * cond - (cfg - 1) * uncond.
         self.measures_error = (check is not None and check.measures_error) or policy.measures_error
-        self.cfg = cfg if policy.measures_guided and cfg is not None and cfg != 1.0 else None
+        measures_guided = policy.measures_guided or policy.guided_error_weight > 0.0
+        self.cfg = cfg if measures_guided and cfg is not None and cfg != 1.0 else None
+        self.guided_error_weight = None if policy.measures_guided else policy.guided_error_weight
         self.refused = 0  # decisions to skip that a check turned into computing
         reason = None
         if not (policy.can_skip or calibrating):
@@ -441,7 +443,8 @@ class RunCache:
             measure_estimator_error(
                 [e.history for e in call.entries], [e.branch for e in call.entries],
                 [e.measured for e in call.entries], residual, call.time, self.estimator.weights,
-                needs_full_history=self.policy.measures_error, cfg=self.cfg, added=added)
+                needs_full_history=self.policy.measures_error, cfg=self.cfg, added=added,
+                guided_weight=self.guided_error_weight)
         for index, entry in enumerate(call.entries):
             part = slice(index * rows, (index + 1) * rows)
             kept = entry.history

@@ -11,11 +11,12 @@ import torch
 
 
 def measured_run(core, steps=12, tolerance=0.1, k=3, retention=0.0, estimator="forecast", cfg=None,
-                 guidance_reference=None):
+                 guidance_reference=None, guided=True, guided_error_weight=0.0):
     schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
     policy = core.policies.MeasuredErrorPolicy(schedule, tolerance, k, retention,
                                                estimator=core.EstimatorSpec(estimator).build(),
-                                               guidance_reference=guidance_reference)
+                                               guidance_reference=guidance_reference, guided=guided,
+                                               guided_error_weight=guided_error_weight)
     return schedule, core.RunCache(schedule, policy, cfg=cfg)
 
 
@@ -115,3 +116,43 @@ def test_a_tightened_tolerance_skips_fewer_steps(core):
         assert all(e <= 2 * 0.2 * 4.0 / cfg for e in errors.values()), (cfg, errors)
         skipped[cfg] = stats.branches[0].steps_skipped
     assert skipped[16.0] < skipped[4.0], skipped
+
+
+def test_measured_per_branch_each_branch_is_charged_at_least_its_share_of_the_guided_error(core):
+    """Each branch alone is forecast well, but their small errors do not cancel in cfg * cond -
+    (cfg - 1) * uncond, which is also smaller than either: the guided residual's error is large.
+    Per branch alone, the rule skips; with the guided error counted at half, it does not; without a
+    guidance scale there is no guided residual to measure, and the weight changes nothing."""
+    cfg = 3.0
+
+    def residual(step, index):
+        wobble = 0.02 * (-1.0) ** step
+        return torch.tensor(1.0 + 0.1 * step + wobble if index == 0 else 1.4 + 0.1 * step - wobble)
+
+    skipped = {}
+    for weight, scale in ((0.0, cfg), (0.5, cfg), (0.5, None)):
+        schedule, cache = measured_run(core, tolerance=0.1, k=1, cfg=scale, guided=False,
+                                       guided_error_weight=weight)
+        stats, _ = drive(cache, schedule, residual, keys=("c", "u"), branches=(0, 1))
+        skipped[weight, scale] = stats.branches[0].steps_skipped
+    assert skipped[0.0, cfg] > 0 and skipped[0.5, cfg] == 0 and skipped[0.5, None] == skipped[0.0, cfg], skipped
+
+
+def test_the_guided_share_charges_each_branch_the_larger_of_its_own_and_the_guided_error(core):
+    measurement = core.measurement
+    history = core.history
+    kept = [history.ResidualHistory(1), history.ResidualHistory(1)]
+    for h, value in zip(kept, (1.0, 2.0), strict=True):
+        h.keep(torch.full((1, 4), value), 0.0)
+    residual = torch.cat([torch.full((1, 4), 1.1), torch.full((1, 4), 2.0)])  # cond off by 0.1, uncond exact
+    reuse = lambda times, time: [1.0]  # noqa: E731
+    cfg = 3.0
+    own_cond = 0.1 / 1.1
+    guided = cfg * 0.1 / abs(cfg * 1.1 - (cfg - 1) * 2.0)  # 0.3 / 0.7
+    for weight, expected in ((None, (guided, guided)), (0.5, (max(own_cond, 0.5 * guided), 0.5 * guided)),
+                             (0.0, (own_cond, 0.0))):
+        measured = [measurement.MeasuredError(), measurement.MeasuredError()]
+        measurement.measure_estimator_error(kept, [0, 1], measured, residual.clone(), 1.0, reuse,
+                                            needs_full_history=False, cfg=cfg, guided_weight=weight)
+        got = tuple(m.read()[0] for m in measured)
+        assert all(abs(g - e) < 1e-6 for g, e in zip(got, expected, strict=True)), (weight, got, expected)
