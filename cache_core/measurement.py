@@ -103,8 +103,11 @@ def measure_estimator_error(
         error = errors[cond].mul_(cfg).sub_(errors[uncond], alpha=cfg - 1.0)
         guided = scales[cond].float().mul(cfg).sub_(scales[uncond].float(), alpha=cfg - 1.0)
         combined = relative_error(error, guided)
-        own = ([combined] * len(own) if guided_weight is None
-               else [torch.maximum(e, combined.mul(guided_weight)) for e in own])
+        if guided_weight is None:
+            own = [combined] * len(own)
+        else:
+            charged = combined.mul_(guided_weight)
+            own = [torch.maximum(e, charged) for e in own]
     for measurement, error in zip(measurements, own, strict=True):
         measurement.error = error
 

@@ -30,6 +30,7 @@ def test_the_held_out_set_shares_no_seed_with_the_sets_the_levels_were_chosen_on
 
 def test_the_levels_bench_takes_another_trained_model_in_place_of_the_reference_one(host, tmp_path):
     """``./dev bench --levels --weights image=PATH``: the levels on a model they were not chosen on."""
+    import torch
     from stepbench import levels
     from stepbench.runner import Bench
 
@@ -46,12 +47,8 @@ def test_the_levels_bench_takes_another_trained_model_in_place_of_the_reference_
     finally:
         reference_bench.close()
         bench.close()
-    assert torch_equal(loaded, state_dict[name]) and not torch_equal(loaded, reference)
+    assert torch.equal(loaded, state_dict[name]) and not torch.equal(loaded, reference)
     data = {"levels": {"balanced": 29.0}, "cells": [], "pairs": "image model: 1 image", "set": "headline",
             "cfg": 4.0, "weights": {"image": str(other)}}
     text = levels.markdown(data, "./dev bench --levels --weights image=image_other.safetensors")
     assert "## Quality levels on another trained model" in text and "image `image_other.safetensors`" in text
-
-
-def torch_equal(a, b) -> bool:
-    return a.shape == b.shape and bool((a == b).all())

@@ -428,6 +428,10 @@ class Driver:
                  self.history.ResidualHistory)
         return [type(o).__name__ for o in gc.get_objects() if isinstance(o, kinds)]
 
+    def tightened(self, spec: RunSpec) -> bool:
+        """A run at a quality level above the CFG scale the levels were chosen at: its tolerance tightens."""
+        return spec.quality != "custom" and spec.cfg > self.reference_cfg
+
     def check_stats(self, spec: RunSpec, node_id: str) -> str | None:
         run = sampling.stats(node_id)
         steps = spec.schedule_steps
@@ -454,8 +458,7 @@ class Driver:
             problems.append(f"rows: {run['rows_skipped']} skipped, {run['rows_checked']} checked, "
                             f"{run['calls_skipped']} calls skipped")
         # A level above the scale it was chosen at tightens its tolerance and says so; nothing else does.
-        tightened = spec.quality != "custom" and spec.cfg > self.reference_cfg
-        if tightened != (f"at cfg {spec.cfg:g}" in (run["constants"] or "")):
+        if self.tightened(spec) != (f"at cfg {spec.cfg:g}" in (run["constants"] or "")):
             problems.append(f"constants {run['constants']!r} at quality {spec.quality}, cfg {spec.cfg:g}")
         if run["rows_checked"] and spec.check[0] != "first_block":
             problems.append(f"{run['rows_checked']} rows checked with the check off")
@@ -487,7 +490,7 @@ class Driver:
             return
         if (problem := self.check_stats(spec, node_id)) is not None:
             report.stats_errors.append(f"{spec}: {problem}")
-        report.tightened += spec.quality != "custom" and spec.cfg > self.reference_cfg
+        report.tightened += self.tightened(spec)
         if self.declined(spec):
             report.identical_checks += 1
             if not same_output(output, spec.run(self.unpatched(spec))):
