@@ -18,21 +18,18 @@ counted (0 expected).
 
 from __future__ import annotations
 
-import gc
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import comfy.ldm.modules.attention
-import nodes
 import torch
 from comfy.patcher_extension import WrappersMP
 from torch._dynamo.utils import counters
 
 from harness import sampling as harness_sampling
 
-from .overhead import TIMER_WRAPPER_KEY, CallTimer, OverheadSpec, _conditioning, build_model
+from .overhead import TIMER_WRAPPER_KEY, CallTimer, OverheadSpec, build_model, run_stats, timed_sampler
 from .runner import PUBLISHED_VARIANT
 
 NAMES = ["uncached", "cache", "compiled blocks", "compiled blocks + cache"]
@@ -48,15 +45,7 @@ def run_compiled(spec: OverheadSpec, progress: Callable[[str], None], backend: s
     compile_blocks = harness_sampling.pack("nodes.compile_nodes").compile_blocks
     base = build_model(spec)
     base.model_options["transformer_options"]["optimized_attention_override"] = pytorch_attention
-    positive, negative = _conditioning(spec, 1), _conditioning(spec, 2)
-    latent = {"samples": torch.zeros(1, 16, spec.latent_side, spec.latent_side)}
-
-    def sample(model: Any) -> tuple[float, torch.Tensor]:
-        gc.collect()
-        start = time.perf_counter()
-        out = nodes.common_ksampler(model, 0, spec.steps, spec.cfg, "euler", "simple", positive, negative,
-                                    latent)[0]["samples"]
-        return time.perf_counter() - start, out
+    sample = timed_sampler(spec)
 
     def make(name: str, timer: CallTimer) -> tuple[Any, str | None]:
         model = base.clone()
@@ -83,9 +72,7 @@ def run_compiled(spec: OverheadSpec, progress: Callable[[str], None], backend: s
         info[name]["first_run_seconds"] = seconds
         info[name]["first_run_compiled_frames"] = counters["frames"]["total"] - frames
         if node_id is not None:
-            stats = harness_sampling.stats(node_id)
-            info[name].update(calls_computed=stats["calls_computed"], calls_skipped=stats["calls_skipped"],
-                              disabled_reason=stats["disabled_reason"], summary=stats["summary"])
+            info[name].update(run_stats(node_id))
         progress(f"   first run {name}: {seconds:.1f} s, {info[name]['first_run_compiled_frames']} frames compiled "
                  f"{info[name].get('summary', '')}")
     times: dict[str, list[float]] = {name: [] for name in NAMES}

@@ -109,9 +109,8 @@ def _conditioning(spec: OverheadSpec, seed: int) -> list:
     return [[context, {"pooled_output": torch.randn(1, 32, generator=gen)}]]
 
 
-def run_overhead(spec: OverheadSpec, progress: Callable[[str], None]) -> dict:
-    progress(f"== no-skip overhead: {spec.describe()}, {spec.reps} interleaved repetitions")
-    base = build_model(spec)
+def timed_sampler(spec: OverheadSpec) -> Callable[[Any], tuple[float, torch.Tensor]]:
+    """A function that samples ``spec``'s run (euler, fixed conditioning) on a model: (seconds, latent)."""
     positive, negative = _conditioning(spec, 1), _conditioning(spec, 2)
     latent = {"samples": torch.zeros(1, 16, spec.latent_side, spec.latent_side)}
 
@@ -121,6 +120,20 @@ def run_overhead(spec: OverheadSpec, progress: Callable[[str], None]) -> dict:
         out = nodes.common_ksampler(model, 0, spec.steps, spec.cfg, "euler", "simple", positive, negative,
                                     latent)[0]["samples"]
         return time.perf_counter() - start, out
+
+    return sample
+
+
+def run_stats(node_id: str) -> dict:
+    """What an Apply node's last run did: calls computed and skipped, why it was off, its summary."""
+    stats = harness_sampling.stats(node_id)
+    return {key: stats[key] for key in ("calls_computed", "calls_skipped", "disabled_reason", "summary")}
+
+
+def run_overhead(spec: OverheadSpec, progress: Callable[[str], None]) -> dict:
+    progress(f"== no-skip overhead: {spec.describe()}, {spec.reps} interleaved repetitions")
+    base = build_model(spec)
+    sample = timed_sampler(spec)
 
     def make(name: str, probe: MemoryProbe | None = None, timer: CallTimer | None = None) -> tuple[Any, str | None]:
         model = base.clone()
@@ -153,9 +166,7 @@ def run_overhead(spec: OverheadSpec, progress: Callable[[str], None]) -> dict:
         model, node_id = make(name, probe)
         seconds, outputs[name] = sample(model)
         if node_id is not None:
-            stats = harness_sampling.stats(node_id)
-            info[name].update(calls_computed=stats["calls_computed"], calls_skipped=stats["calls_skipped"],
-                              disabled_reason=stats["disabled_reason"], summary=stats["summary"])
+            info[name].update(run_stats(node_id))
             info[name]["memory"] = probe.memory.as_dict()
         progress(f"   warm-up {name}: {seconds:.1f} s {info[name].get('summary', '')}")
     timers = {name: CallTimer() for name in names}
