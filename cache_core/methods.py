@@ -214,6 +214,8 @@ class MeasuredErrorConfig(MethodConfig):
     guided_error_weight: float = 0.0
     # The CFG scale the tolerance was chosen at: higher scales tighten it (MeasuredErrorPolicy).
     guidance_reference: float | None = None
+    # The error model follows the largest rate of this many latest measurements (MeasuredErrorPolicy).
+    rate_memory: int = 1
     level: str | None = None  # the quality level these settings are, for the statistics
 
     display_name: ClassVar[str] = "measured error"
@@ -223,7 +225,7 @@ class MeasuredErrorConfig(MethodConfig):
                                    estimator=self.estimator.build(), guided=self.guided,
                                    prior_growth=self.growth, growth_range=(self.growth, 2.0),
                                    guidance_reference=self.guidance_reference,
-                                   guided_error_weight=self.guided_error_weight)
+                                   guided_error_weight=self.guided_error_weight, rate_memory=self.rate_memory)
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         where = f"quality {self.level}: " if self.level else ""

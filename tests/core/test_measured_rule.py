@@ -156,3 +156,23 @@ def test_the_guided_share_charges_each_branch_the_larger_of_its_own_and_the_guid
                                             needs_full_history=False, cfg=cfg, guided_weight=weight)
         got = tuple(m.read()[0] for m in measured)
         assert all(abs(g - e) < 1e-6 for g, e in zip(got, expected, strict=True)), (weight, got, expected)
+
+
+def test_with_a_rate_memory_the_rule_waits_for_that_many_low_measurements_after_a_high_one(core):
+    schedule = core.RunSchedule.from_sigmas([1 - i / 12 for i in range(13)])
+
+    def rates(memory, errors):
+        policy = core.policies.MeasuredErrorPolicy(schedule, 0.1, 3, 0.0, rate_memory=memory)
+        entry = policy.new_state(0)
+        seen = []
+        for error in errors:
+            policy.observe(entry, 0.5, error)
+            seen.append(entry.rate)
+        return seen
+
+    transient = [0.4, 0.01, 0.02, 0.01]
+    # The latest measurement alone (the rule before rate_memory, and at quality: custom).
+    assert rates(1, transient) == [0.8, 0.02, 0.04, 0.02]
+    # The largest of the latest two: one low measurement after a high one does not lower the rate.
+    assert rates(2, transient) == [0.8, 0.8, 0.04, 0.04]
+
