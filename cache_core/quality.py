@@ -37,7 +37,8 @@ class QualityLevel:
     # guidance amplifies the branches' errors more than the reference models' (section 21).
     guided_error_weight: float = 0.5
     # How many latest measurements the error model follows the largest of (MeasuredErrorConfig): 2
-    # mends the early-skip misses on new models but costs 7-19% of the speed (section 23).
+    # mended three of four misses on new models but cost 7-19% of the speed and nearly all skipping
+    # at cfg 7 (section 23).
     rate_memory: int = 1
     estimator: EstimatorSpec = field(default_factory=lambda: EstimatorSpec("damped_forecast", damping=0.5))
 
