@@ -330,13 +330,12 @@ class MeasuredState(EntryState):
     # The run's own error model for this entry, error = rate * gap ** growth (gap in model time
     # from the last computed step), from the estimator errors measured at its computed steps.
     rate: float | None = None
-    recent: list[tuple[float, float]] = field(default_factory=list)  # the latest measurements' (gap, error)
     growth: float = 1.0
-    measured_gap: float = 0.0  # the gap of the last measurement, and its error
-    measured_error: float = 0.0
+    # The latest measurements' (gap, error), oldest first: as many as the rule's rate follows.
+    recent: list[tuple[float, float]] = field(default_factory=list)
 
     def trace(self) -> dict:
-        return {"rate": self.rate, "growth": self.growth, "error": self.measured_error}
+        return {"rate": self.rate, "growth": self.growth, "error": self.recent[-1][1] if self.recent else 0.0}
 
 
 class MeasuredErrorPolicy(CachePolicy):
@@ -421,13 +420,12 @@ class MeasuredErrorPolicy(CachePolicy):
         if not (gap > 0.0 and math.isfinite(error)):
             return
         low, high = self.growth_range
-        if entry.rate is not None and entry.measured_error > 0.0 and error > 0.0:
-            ratio = gap / entry.measured_gap
+        if entry.recent and entry.recent[-1][1] > 0.0 and error > 0.0:
+            last_gap, last_error = entry.recent[-1]
+            ratio = gap / last_gap
             if ratio > 1.25 or ratio < 0.8:
-                fitted = math.log(error / entry.measured_error) / math.log(ratio)
+                fitted = math.log(error / last_error) / math.log(ratio)
                 entry.growth = min(high, max(low, 0.5 * (entry.growth + fitted)))
-        entry.measured_gap = gap
-        entry.measured_error = error
         entry.recent.append((gap, error))
         del entry.recent[:-self.rate_memory]
         entry.rate = max(measured / measured_gap**entry.growth for measured_gap, measured in entry.recent)

@@ -171,8 +171,7 @@ def test_with_a_rate_memory_the_rule_waits_for_that_many_low_measurements_after_
         return seen
 
     transient = [0.4, 0.01, 0.02, 0.01]
-    # The latest measurement alone (the rule before rate_memory, and at quality: custom).
+    # The latest measurement alone: the default, what every level and quality: custom run.
     assert rates(1, transient) == [0.8, 0.02, 0.04, 0.02]
     # The largest of the latest two: one low measurement after a high one does not lower the rate.
     assert rates(2, transient) == [0.8, 0.8, 0.04, 0.04]
-
