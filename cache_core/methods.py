@@ -214,6 +214,7 @@ class MeasuredErrorConfig(MethodConfig):
     guided_error_weight: float = 0.0
     # The CFG scale the tolerance was chosen at: higher scales tighten it (MeasuredErrorPolicy).
     guidance_reference: float | None = None
+    guidance_power: float = 1.0  # ... by the factor (reference / cfg) ** guidance_power
     # The error model follows the largest rate of this many latest measurements (MeasuredErrorPolicy).
     rate_memory: int = 1
     level: str | None = None  # the quality level these settings are, for the statistics
@@ -225,7 +226,8 @@ class MeasuredErrorConfig(MethodConfig):
                                    estimator=self.estimator.build(), guided=self.guided,
                                    prior_growth=self.growth, growth_range=(self.growth, 2.0),
                                    guidance_reference=self.guidance_reference,
-                                   guided_error_weight=self.guided_error_weight, rate_memory=self.rate_memory)
+                                   guided_error_weight=self.guided_error_weight, rate_memory=self.rate_memory,
+                                   guidance_power=self.guidance_power)
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         where = f"quality {self.level}: " if self.level else ""

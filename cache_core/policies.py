@@ -364,8 +364,10 @@ class MeasuredErrorPolicy(CachePolicy):
     section 21).
 
     ``guidance_reference``: the CFG scale the tolerance was chosen at. A run at a higher scale gets
-    the tolerance times reference / cfg, since the sampler's cfg * cond - (cfg - 1) * uncond carries
-    each branch's error amplified by about cfg (docs/experiments.md section 19); a lower scale keeps it.
+    the tolerance times (reference / cfg) ** ``guidance_power``, since the sampler's
+    cfg * cond - (cfg - 1) * uncond carries each branch's error amplified by up to cfg (docs/experiments.md
+    section 19); a lower scale keeps it. With ``rate_memory`` 2 the rule is cautious enough that a power
+    of 0.5 holds at cfg 7 where 1 stops skipping (section 24).
     """
 
     name = "measured error"
@@ -385,11 +387,13 @@ class MeasuredErrorPolicy(CachePolicy):
         guidance_reference: float | None = None,
         guided_error_weight: float = 0.0,
         rate_memory: int = 1,
+        guidance_power: float = 1.0,
     ) -> None:
         super().__init__(schedule, estimator)
         self.tolerance = tolerance
         self.guided_error_weight = 0.0 if guided else guided_error_weight
         self.guidance_reference = guidance_reference
+        self.guidance_power = guidance_power
         self.rate_memory = max(1, rate_memory)
         # Measure on the guided residual where the call holds both CFG branches (else per entry).
         self.measures_guided = guided
@@ -411,8 +415,9 @@ class MeasuredErrorPolicy(CachePolicy):
     def use_guidance_scale(self, cfg: float | None) -> None:
         reference = self.guidance_reference
         if reference is not None and cfg is not None and cfg > reference:
-            self.tolerance *= reference / cfg
-            self.guidance_note = f"tolerance x{reference / cfg:.2f} at cfg {cfg:g}"
+            factor = (reference / cfg) ** self.guidance_power
+            self.tolerance *= factor
+            self.guidance_note = f"tolerance x{factor:.2f} at cfg {cfg:g}"
 
     def observe(self, entry: MeasuredState, gap: float, error: float) -> None:
         """A measurement: skipping the step just computed, ``gap`` past its anchors, would have

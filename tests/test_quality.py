@@ -142,7 +142,8 @@ def test_every_level_holds_its_promise_on_the_reference_image_model(host, qualit
             psnrs.append(psnr(references[pair], run(patched, *pair)))
             stats = sampling.stats(node_id)
             # The run says when the guidance scale tightened the level (the log line and the node's panel).
-            assert ("tolerance x0.57 at cfg 7" in stats["constants"]) == (cfg == 7.0), stats["constants"]
+            tightened = f"tolerance x{(quality.REFERENCE_CFG / 7.0) ** level.guidance_power:.2f} at cfg 7"
+            assert (tightened in stats["constants"]) == (cfg == 7.0), (tightened, stats["constants"])
             rows += stats["rows_computed"] + stats["rows_skipped"]
             computed += stats["rows_computed"]
         speedups.append(rows / computed)

@@ -11,12 +11,13 @@ import torch
 
 
 def measured_run(core, steps=12, tolerance=0.1, k=3, retention=0.0, estimator="forecast", cfg=None,
-                 guidance_reference=None, guided=True, guided_error_weight=0.0):
+                 guidance_reference=None, guided=True, guided_error_weight=0.0, guidance_power=1.0):
     schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
     policy = core.policies.MeasuredErrorPolicy(schedule, tolerance, k, retention,
                                                estimator=core.EstimatorSpec(estimator).build(),
                                                guidance_reference=guidance_reference, guided=guided,
-                                               guided_error_weight=guided_error_weight)
+                                               guided_error_weight=guided_error_weight,
+                                               guidance_power=guidance_power)
     return schedule, core.RunCache(schedule, policy, cfg=cfg)
 
 
@@ -107,6 +108,14 @@ def test_a_higher_guidance_scale_than_the_reference_tightens_the_tolerance_in_pr
         assert cache.policy.guidance_note == ("tolerance x0.50 at cfg 8" if tolerance == 0.05 else None)
 
 
+def test_the_guidance_power_sets_how_far_a_higher_scale_tightens_the_tolerance(core):
+    """x (reference / cfg) ** power: at power 0.5 a run at four times the reference scale gets half
+    the tolerance; at the reference scale the power changes nothing."""
+    for cfg, power, tolerance in ((16.0, 0.5, 0.05), (16.0, 1.0, 0.025), (4.0, 0.5, 0.1)):
+        _, cache = measured_run(core, tolerance=0.1, cfg=cfg, guidance_reference=4.0, guidance_power=power)
+        assert abs(cache.policy.tolerance - tolerance) < 1e-12, (cfg, power)
+
+
 def test_a_tightened_tolerance_skips_fewer_steps(core):
     curve = lambda step, _: torch.tensor(1.0 + (step / 12) ** 2 * 3)  # noqa: E731
     skipped = {}
@@ -171,7 +180,7 @@ def test_with_a_rate_memory_the_rule_waits_for_that_many_low_measurements_after_
         return seen
 
     transient = [0.4, 0.01, 0.02, 0.01]
-    # The latest measurement alone: the default, what every level and quality: custom run.
+    # The latest measurement alone: the default, what lossless, high and quality: custom run.
     assert rates(1, transient) == [0.8, 0.02, 0.04, 0.02]
-    # The largest of the latest two: one low measurement after a high one does not lower the rate.
+    # The largest of the latest two (balanced, fast): one low measurement after a high one does not lower the rate.
     assert rates(2, transient) == [0.8, 0.8, 0.04, 0.04]
