@@ -366,8 +366,8 @@ class MeasuredErrorPolicy(CachePolicy):
     ``guidance_reference``: the CFG scale the tolerance was chosen at. A run at a higher scale gets
     the tolerance times (reference / cfg) ** ``guidance_power``, since the sampler's
     cfg * cond - (cfg - 1) * uncond carries each branch's error amplified by up to cfg (docs/experiments.md
-    section 19); a lower scale keeps it. With ``rate_memory`` 2 the rule is cautious enough that a power
-    of 0.5 holds at cfg 7 where 1 stops skipping (section 24).
+    section 19); a lower scale keeps it. With ``rate_memory`` 2 the rule is cautious enough that a milder
+    power holds at cfg 7, where 1 nearly stops skipping (the levels use 0.75; 0.5 missed once; section 24).
     """
 
     name = "measured error"
