@@ -217,6 +217,8 @@ class MeasuredErrorConfig(MethodConfig):
     guidance_power: float = 1.0  # ... by the factor (reference / cfg) ** guidance_power
     # The error model follows the largest rate of this many latest measurements (MeasuredErrorPolicy).
     rate_memory: int = 1
+    # ... only while the errors fall by more than this factor (the transient); 0: always.
+    transient_fall: float = 0.0
     level: str | None = None  # the quality level these settings are, for the statistics
 
     display_name: ClassVar[str] = "measured error"
@@ -227,7 +229,7 @@ class MeasuredErrorConfig(MethodConfig):
                                    prior_growth=self.growth, growth_range=(self.growth, 2.0),
                                    guidance_reference=self.guidance_reference,
                                    guided_error_weight=self.guided_error_weight, rate_memory=self.rate_memory,
-                                   guidance_power=self.guidance_power)
+                                   guidance_power=self.guidance_power, transient_fall=self.transient_fall)
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         where = f"quality {self.level}: " if self.level else ""

@@ -356,7 +356,10 @@ class MeasuredErrorPolicy(CachePolicy):
     ``rate_memory``: the rate is the largest that fits one of the latest ``rate_memory`` measurements, so
     after a transient (the errors early in a run fall fast) the rule skips only once that many
     measurements have come in lower (docs/experiments.md section 23: on some images one early skip of
-    a predicted error just within the tolerance loses 25 dB).
+    a predicted error just within the tolerance loses 25 dB). ``transient_fall`` (0: off) limits that
+    to the transient: the rate follows the latest ``rate_memory`` only while one of the latest
+    ``rate_memory + 1`` rates is more than ``transient_fall`` times the latest, and the latest alone
+    once the errors have settled (section 25).
 
     ``guided_error_weight`` (per-branch measurement only): each branch's error is charged as at least
     that share of the guided residual's error, a net for models where the guidance scale amplifies the
@@ -388,6 +391,7 @@ class MeasuredErrorPolicy(CachePolicy):
         guided_error_weight: float = 0.0,
         rate_memory: int = 1,
         guidance_power: float = 1.0,
+        transient_fall: float = 0.0,
     ) -> None:
         super().__init__(schedule, estimator)
         self.tolerance = tolerance
@@ -395,6 +399,9 @@ class MeasuredErrorPolicy(CachePolicy):
         self.guidance_reference = guidance_reference
         self.guidance_power = guidance_power
         self.rate_memory = max(1, rate_memory)
+        self.transient_fall = max(0.0, transient_fall)
+        # Measurements kept per entry: one more than the memory tells a transient from a settled run.
+        self.kept_measurements = self.rate_memory + (1 if self.transient_fall and self.rate_memory > 1 else 0)
         # Measure on the guided residual where the call holds both CFG branches (else per entry).
         self.measures_guided = guided
         self.max_consecutive_skips = max_consecutive_skips
@@ -432,8 +439,12 @@ class MeasuredErrorPolicy(CachePolicy):
                 fitted = math.log(error / last_error) / math.log(ratio)
                 entry.growth = min(high, max(low, 0.5 * (entry.growth + fitted)))
         entry.recent.append((gap, error))
-        del entry.recent[:-self.rate_memory]
-        entry.rate = max(measured / measured_gap**entry.growth for measured_gap, measured in entry.recent)
+        del entry.recent[:-self.kept_measurements]
+        rates = [measured / measured_gap**entry.growth for measured_gap, measured in entry.recent]
+        if self.transient_fall and max(rates) <= self.transient_fall * rates[-1]:
+            entry.rate = rates[-1]  # settled: the latest measurement alone
+        else:
+            entry.rate = max(rates[-self.rate_memory:])
 
     def wants_skip(self, entry: MeasuredState, step: int, signal: float | None) -> bool:
         if self.retained[step] or step >= self.last_step or entry.rate is None or not entry.computed_steps:

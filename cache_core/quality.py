@@ -40,6 +40,9 @@ class QualityLevel:
     # waits out the fast-falling errors early in a run, where one skip can cost some images 25 dB
     # (sections 23-24); the tight levels' tolerances already do.
     rate_memory: int = 1
+    # ... only during the transient: while one of the latest rates is more than this many times the
+    # latest (0: always). After it the latest measurement alone, as the tight levels (section 25).
+    transient_fall: float = 0.0
     # How far a run at a CFG scale above REFERENCE_CFG tightens the tolerance: x (4 / cfg) ** power.
     # A rule that waits for two low measurements needs less of it (section 24).
     guidance_power: float = 1.0
@@ -50,7 +53,8 @@ class QualityLevel:
             tolerance=self.tolerance, max_consecutive_skips=self.max_consecutive_skips,
             retention_ratio=self.retention_ratio, growth=self.growth, guided=self.guided, estimator=self.estimator,
             guided_error_weight=self.guided_error_weight, rate_memory=self.rate_memory,
-            guidance_power=self.guidance_power, guidance_reference=REFERENCE_CFG, level=self.name,
+            transient_fall=self.transient_fall, guidance_power=self.guidance_power,
+            guidance_reference=REFERENCE_CFG, level=self.name,
         )
 
 
@@ -59,8 +63,8 @@ class QualityLevel:
 # sections 13 and 18. Each is the fastest setting tried whose worst case held its promise on two
 # sets of images and clips (the headline set and a second one of other classes and seeds); a third
 # set of other seeds checks them. Per-branch measurement with the error charged as gap^2 held the
-# worst case best at every level. balanced and fast follow two measurements, which held their
-# promises on models trained anew where one measurement missed (section 24).
+# worst case best at every level. balanced and fast follow two measurements while the errors fall
+# fast, which held their promises on models trained anew where one measurement missed (sections 24-25).
 LEVELS: dict[str, QualityLevel] = {
     level.name: level
     for level in (
@@ -68,9 +72,9 @@ LEVELS: dict[str, QualityLevel] = {
         QualityLevel("high", "hard to tell apart", 32.0, tolerance=0.04, max_consecutive_skips=2,
                      retention_ratio=0.3),
         QualityLevel("balanced", "small changes in detail", 29.0, tolerance=0.06, max_consecutive_skips=2,
-                     rate_memory=2, guidance_power=0.75),
+                     rate_memory=2, transient_fall=2.0, guidance_power=0.75),
         QualityLevel("fast", "fastest; visible changes", 24.0, tolerance=0.12, max_consecutive_skips=3,
-                     rate_memory=2, guidance_power=0.75),
+                     rate_memory=2, transient_fall=2.0, guidance_power=0.75),
     )
 }
 CUSTOM = "custom"

@@ -170,8 +170,8 @@ def test_the_guided_share_charges_each_branch_the_larger_of_its_own_and_the_guid
 def test_with_a_rate_memory_the_rule_waits_for_that_many_low_measurements_after_a_high_one(core):
     schedule = core.RunSchedule.from_sigmas([1 - i / 12 for i in range(13)])
 
-    def rates(memory, errors):
-        policy = core.policies.MeasuredErrorPolicy(schedule, 0.1, 3, 0.0, rate_memory=memory)
+    def rates(memory, errors, fall=0.0):
+        policy = core.policies.MeasuredErrorPolicy(schedule, 0.1, 3, 0.0, rate_memory=memory, transient_fall=fall)
         entry = policy.new_state(0)
         seen = []
         for error in errors:
@@ -182,5 +182,11 @@ def test_with_a_rate_memory_the_rule_waits_for_that_many_low_measurements_after_
     transient = [0.4, 0.01, 0.02, 0.01]
     # The latest measurement alone: the default, what lossless, high and quality: custom run.
     assert rates(1, transient) == [0.8, 0.02, 0.04, 0.02]
-    # The largest of the latest two (balanced, fast): one low measurement after a high one does not lower the rate.
+    # The largest of the latest two: one low measurement after a high one does not lower the rate.
     assert rates(2, transient) == [0.8, 0.8, 0.04, 0.04]
+    # ... only while one of the latest three is over twice the latest (balanced, fast): once the
+    # 0.8 has left them the errors have settled, and the latest alone counts again.
+    assert rates(2, transient, fall=2.0) == [0.8, 0.8, 0.04, 0.02]
+    settled = [0.1, 0.12, 0.1]
+    assert rates(2, settled) == [0.2, 0.24, 0.24]
+    assert rates(2, settled, fall=2.0) == [0.2, 0.24, 0.2]
