@@ -357,7 +357,7 @@ class MeasuredErrorPolicy(CachePolicy):
     after a transient (the errors early in a run fall fast) the rule skips only once that many
     measurements have come in lower (docs/experiments.md section 23: on some images one early skip of
     a predicted error just within the tolerance loses 25 dB). ``transient_fall`` (0: off) limits that
-    to the transient: the rate follows the latest ``rate_memory`` only while one of the latest
+    to the transient: the rate follows the largest of the latest ``rate_memory`` only while one of the latest
     ``rate_memory + 1`` rates is more than ``transient_fall`` times the latest, and the latest alone
     once the errors have settled (section 25).
 
