@@ -400,8 +400,6 @@ class MeasuredErrorPolicy(CachePolicy):
         self.guidance_power = guidance_power
         self.rate_memory = max(1, rate_memory)
         self.transient_fall = max(0.0, transient_fall)
-        # Measurements kept per entry: one more than the memory tells a transient from a settled run.
-        self.kept_measurements = self.rate_memory + (1 if self.transient_fall and self.rate_memory > 1 else 0)
         # Measure on the guided residual where the call holds both CFG branches (else per entry).
         self.measures_guided = guided
         self.max_consecutive_skips = max_consecutive_skips
@@ -439,7 +437,7 @@ class MeasuredErrorPolicy(CachePolicy):
                 fitted = math.log(error / last_error) / math.log(ratio)
                 entry.growth = min(high, max(low, 0.5 * (entry.growth + fitted)))
         entry.recent.append((gap, error))
-        del entry.recent[:-self.kept_measurements]
+        del entry.recent[:-(self.rate_memory + 1)]  # one more than the memory tells a transient from a settled run
         rates = [measured / measured_gap**entry.growth for measured_gap, measured in entry.recent]
         if self.transient_fall and max(rates) <= self.transient_fall * rates[-1]:
             entry.rate = rates[-1]  # settled: the latest measurement alone
