@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -58,15 +60,20 @@ class Feedback:
     """The wrapper: one per sampling run."""
 
     def __init__(self, last_call: dict, sampler: Any, space: str, target: str,
-                 interp: str, reference: list[torch.Tensor] | None) -> None:
+                 interp: str, reference: list[torch.Tensor] | None, log_time: bool = False,
+                 cfg: float | None = None) -> None:
         self.last_call, self.sampler = last_call, sampler  # last_call["skip"]: what the run cache did
         self.space, self.target, self.interp, self.reference = space, target, interp, reference
+        self.log_time = log_time  # interpolate in log sigma (the multistep samplers' time) instead of sigma
         self.sensitivities: list[list[float]] | None = None
+        self.cfg, self.branches = cfg, []
+        self.ratios: list[float] = []  # |estimate - truth| / |skipped output - truth|, per skipped call
         self.anchors: list[tuple[float, torch.Tensor]] = []  # the computed calls: (sigma, output)
         self.pending: list[tuple[int, float, torch.Tensor]] = []  # skipped since: (step, sigma, output)
 
     def __call__(self, apply_model: Callable[..., torch.Tensor], args: dict) -> torch.Tensor:
         x, timestep, c = args["input"], args["timestep"], args["c"]
+        self.branches = list(args.get("cond_or_uncond") or [])
         self.last_call["skip"] = None
         denoised = apply_model(x, timestep, **c)
         skipped = self.last_call["skip"]
@@ -86,8 +93,12 @@ class Feedback:
             row = self.sensitivities[step + 1 if self.target == "next" else -1]
             moved = torch.zeros_like(output)
             for skipped_step, skipped_sigma, skipped_output in self.pending:
-                moved += row[skipped_step] * (skipped_output - self.estimate(skipped_step, skipped_sigma,
-                                                                             sigma, output))
+                estimate = self.estimate(skipped_step, skipped_sigma, sigma, output)
+                moved += row[skipped_step] * (skipped_output - estimate)
+                if self.reference is not None:  # how far the estimate is from the truth, against the skip's own error
+                    truth = self.reference[skipped_step]
+                    self.ratios.append(float(self.guided(estimate - truth).norm()
+                                             / self.guided(skipped_output - truth).norm()))
             if abs(row[step]) > 1e-12:
                 change = -moved / row[step]  # of this call's output, so the sample after it moves back
                 denoised = denoised + change if self.space == "D" else denoised - sigma * change
@@ -95,11 +106,24 @@ class Feedback:
         self.anchors = [*self.anchors[-1:], (sigma, output)]
         return denoised
 
+    def guided(self, error: torch.Tensor) -> torch.Tensor:
+        """What the sampler sees of a per-branch error: cfg * cond - (cfg - 1) * uncond."""
+        branches = self.branches
+        if self.cfg is None or sorted(branches) != [0, 1]:
+            return error
+        parts = error.chunk(len(branches))
+        cond, uncond = parts[branches.index(0)], parts[branches.index(1)]
+        return cond * self.cfg - uncond * (self.cfg - 1.0)
+
+    def time(self, sigma: float) -> float:
+        return math.log(sigma) if self.log_time else sigma
+
     def estimate(self, step: int, sigma: float, now: float, output: torch.Tensor) -> torch.Tensor:
         """What the skipped call at ``step`` should have returned."""
         if self.interp == "oracle":
             return self.reference[step]
-        points = [*self.anchors, (now, output)]
+        points = [(self.time(s), v) for s, v in (*self.anchors, (now, output))]
+        sigma = self.time(sigma)
         if self.interp == "linear" or len(points) < 3:
             (s0, v0), (s1, v1) = points[-2:]
             return v0 + (v1 - v0) * ((sigma - s0) / (s1 - s0))
@@ -123,6 +147,7 @@ def main() -> None:
     parser.add_argument("--space", choices=["D", "d"], default="D")
     parser.add_argument("--target", choices=["next", "final"], default="next")
     parser.add_argument("--interp", choices=["linear", "quadratic", "oracle"], default="linear")
+    parser.add_argument("--log-time", action="store_true", help="interpolate in log sigma")
     parser.add_argument("--weights", help="the model's weights (default: the reference model)")
     options = parser.parse_args()
 
@@ -172,14 +197,16 @@ def main() -> None:
         changes = {key: (int(value) if key in ("max_consecutive_skips", "rate_memory") else float(value))
                    for key, value in (field.split("=") for field in fields.split(",") if field)}
         quality.LEVELS[name] = dataclasses.replace(shipped[name], **changes)
-        worst, rows_total, rows_computed = [], 0, 0
+        worst, rows_total, rows_computed, ratios = [], 0, 0, []
         for pair, reference in references.items():
             model, node = sampling.apply(bench.base.clone(), "magcache", quality=name)
             if not options.off:
-                model.set_model_unet_function_wrapper(Feedback(
-                    last_call, comfy.samplers.ksampler(options.sampler), options.space,
-                    options.target, options.interp, outputs[pair]))
+                feedback = Feedback(last_call, comfy.samplers.ksampler(options.sampler), options.space,
+                                    options.target, options.interp, outputs[pair], options.log_time, setting.cfg)
+                model.set_model_unet_function_wrapper(feedback)
             latent = bench.sample(model, pair, setting)
+            if not options.off:
+                ratios += feedback.ratios
             counts = bench.skip_counts(Config("magcache"), node, setting, pair)
             rows_total += counts["rows_total"]
             rows_computed += counts["rows_total"] - counts["rows_skipped"]
@@ -188,7 +215,9 @@ def main() -> None:
         worst.sort(key=lambda item: item[0])
         print(f"{'off' if options.off else 'fed back'} {spec}: {rows_total / rows_computed:.2f}x, worst "
               f"{worst[0][0]:.2f} (class {worst[0][1].class_index} seed {worst[0][1].seed}), mean "
-              f"{metrics.finite_mean([p for p, _ in worst]):.2f}", flush=True)
+              f"{metrics.finite_mean([p for p, _ in worst]):.2f}"
+              + (f"; guided estimate error / skip error: median {statistics.median(ratios):.2f}" if ratios else ""),
+              flush=True)
 
 
 if __name__ == "__main__":
