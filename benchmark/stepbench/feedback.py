@@ -67,7 +67,7 @@ class Feedback:
         self.log_time = log_time  # interpolate in log sigma (the multistep samplers' time) instead of sigma
         self.sensitivities: list[list[float]] | None = None
         self.cfg, self.branches = cfg, []
-        self.ratios: list[float] = []  # |estimate - truth| / |skipped output - truth|, per skipped call
+        self.ratios: list[float] = []  # per skipped call, guided: |estimate - truth| / |skipped - truth|
         self.anchors: list[tuple[float, torch.Tensor]] = []  # the computed calls: (sigma, output)
         self.pending: list[tuple[int, float, torch.Tensor]] = []  # skipped since: (step, sigma, output)
 
