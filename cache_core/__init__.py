@@ -13,6 +13,8 @@
 - ``planning``: the planned rule: skip errors measured by a calibration, an error model over model
   time fitted to them, and the computed steps of a run chosen against an error budget.
 - ``methods``: one settings object per method, building its run's policy and estimator.
+- ``feedback``: a skip's error, estimated once the next call computes, taken back out of the
+  sample there (single-step samplers, found by running the sampler on scalars).
 - ``history``: the residuals each entry keeps, and the estimate of a skipped call.
 - ``run_cache``: the state of one sampling run: decisions per call, residuals per entry.
 - ``stats``: what a run computed and skipped.

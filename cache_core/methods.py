@@ -52,6 +52,9 @@ class MethodConfig(ABC):
     check_tolerance: float = 0.1
     # Where connected constants (a calibration, a typed-in table) came from, for the statistics.
     constants_source: str | None = None
+    # Take a skip's estimated error back out of the sample at the next computed call, where the
+    # sampler allows it (cache_core/feedback.py).
+    feedback: bool = False
 
     # The tag of this method's calibrations (saved files, the MAG_RATIOS / TEACACHE_COEFFICIENTS
     # sockets), its name in logs, and the node that calibrates it; None where it has none.

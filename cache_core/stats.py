@@ -53,6 +53,7 @@ class RunStats:
     # Which constants the decisions used and where they came from, e.g. "published FLUX.1-dev
     # ratios (Zehong-Ma/MagCache)" or "none: unscaled signal"; None for measuring runs.
     constants: str | None = None
+    feedback_corrections: int = 0  # computed calls that took earlier skips' error back out
     trace: tuple[dict, ...] = field(default=(), repr=False)
 
     @property
@@ -86,6 +87,8 @@ class RunStats:
                    if self.rows_checked else "")
         if self.check:
             checked += f", {self.refused} skips refused by the {self.check.replace('_', '-')} check"
+        if self.feedback_corrections:
+            checked += f", skips' error fed back at {self.feedback_corrections} calls"
         return (
             f"{method}: " + ", ".join(parts or ["no model calls"])
             + f"; block stack ran {self.calls_computed}/{calls} calls, {self.rows_computed}/{rows} rows{checked}"
@@ -112,6 +115,7 @@ class RunStats:
             "head_cost": round(self.head_cost, 6),
             "check": self.check,
             "refused": self.refused,
+            "feedback_corrections": self.feedback_corrections,
             "stack_speedup": round(self.stack_speedup, 4),
             "row_speedup": round(self.row_speedup, 4),
             "disabled_reason": self.disabled_reason,

@@ -54,8 +54,9 @@ CHECK_TOLERANCE = 0.06
 
 QUALITY_TOOLTIP = (
     "How close to uncached sampling the result stays: lossless, high, balanced or fast. The cache measures "
-    "its own error as it runs and skips as many steps as the level allows; no calibration needed. custom: "
-    "the expert inputs, exactly as set."
+    "its own error as it runs and skips as many steps as the level allows; no calibration needed. With euler "
+    "or ddim, lossless, high and balanced also correct each skip at the next computed step. custom: the "
+    "expert inputs, exactly as set."
 )
 
 

@@ -39,6 +39,7 @@ from comfy.patcher_extension import WrappersMP
 from .. import families
 from ..cache_core import MethodConfig, RunCache, RunSchedule, StackCall
 from ..cache_core.checks import build_check
+from ..cache_core.feedback import SamplerResponse, SkipFeedback
 from ..cache_core.run_cache import PASSTHROUGH, RunObserver
 from ..cache_core.stats import RunStats
 from .reporting import report
@@ -78,7 +79,8 @@ class ActiveRun:
     def __init__(self, cache: RunCache, family: families.Family, label: str, constants: str | None,
                  diffusion_model: torch.nn.Module, use_signal: bool, latent_channels: int = 0,
                  scheduled_hooks: list[Any] | None = None,
-                 control_ranges: list[tuple[float, float]] | None = None) -> None:
+                 control_ranges: list[tuple[float, float]] | None = None,
+                 feedback: SkipFeedback | None = None) -> None:
         self.cache = cache
         self.family = family
         # Output space: the model input's leading channels are the latent it predicts for; any after
@@ -99,6 +101,8 @@ class ActiveRun:
         self.control_keys = family.block_keys(diffusion_model)[:-1]
         self.control_ranges = control_ranges or []
         self.controls_acting: tuple[bool, ...] | None = None
+        # Skip feedback (cache_core/feedback.py): the APPLY_MODEL wrapper hands it every call's output.
+        self.feedback = feedback
 
     def release(self) -> RunStats:
         """End of the run: free every tensor and drop the model, and return the statistics.
@@ -111,6 +115,10 @@ class ActiveRun:
         self.call = PASSTHROUGH
         self.diffusion_model = None
         self.scheduled_hooks = []
+        if self.feedback is not None:
+            stats = dataclasses.replace(stats, feedback_corrections=self.feedback.corrected)
+            self.feedback.close()
+            self.feedback = None
         return stats
 
     def check_reached(self) -> None:
@@ -178,6 +186,7 @@ class ActiveRun:
             if 0 < self.latent_channels < x.shape[1]:
                 x = x[:, :self.latent_channels]
             call = self._begin(options, x, partial(torch.Tensor.detach, x) if self.use_signal else None)
+        self.call = call
         if call.skip:
             return call.cached_output
         out = executor(*args, **kwargs)
@@ -209,7 +218,7 @@ class ActiveRun:
         them and this step computes."""
         strengths = tuple(float(hook.strength) for hook in self.scheduled_hooks)
         if self.hook_strengths is not None and strengths != self.hook_strengths:
-            self.cache.restart(self.cache.step_of(sigma), "a hook keyframe changed a strength")
+            self._restart(sigma, "a hook keyframe changed a strength")
         self.hook_strengths = strengths
 
     def _follow_controls(self, sigma: torch.Tensor) -> None:
@@ -219,8 +228,27 @@ class ActiveRun:
         value = self.cache.sigma_value(sigma)
         acting = tuple(low <= value <= high for high, low in self.control_ranges)
         if self.controls_acting is not None and acting != self.controls_acting:
-            self.cache.restart(self.cache.step_of(sigma), "a ControlNet starts or stops")
+            self._restart(sigma, "a ControlNet starts or stops")
         self.controls_acting = acting
+
+    def _restart(self, sigma: torch.Tensor, reason: str) -> None:
+        self.cache.restart(self.cache.step_of(sigma), reason)
+        if self.feedback is not None:
+            self.feedback.forget()
+
+    def fed_back(self, denoised: torch.Tensor) -> torch.Tensor:
+        """A model call's denoised output as the sampler gets it: after a skip, with the skip's
+        estimated error taken back out (the APPLY_MODEL wrapper, once the call's blocks ran)."""
+        call = self.call
+        if self.feedback is None or not call.entries:  # a call the cache did not decide
+            return denoised
+        try:
+            return self.feedback.output(tuple(entry.key for entry in call.entries), call.step, call.skip, denoised)
+        except Exception:  # never break sampling over the feedback
+            LOGGER.warning("[StepCache] %s: the skip feedback failed; it is off for the rest of this run",
+                           self.family.name, exc_info=True)
+            self.feedback = None
+            return denoised
 
     @torch.no_grad()
     def _after_head(self, call: StackCall, head_output: torch.Tensor) -> StackCall:
@@ -334,11 +362,18 @@ def diffusion_model_wrapper(executor: Any, *args: Any, **kwargs: Any) -> Any:
 def apply_model_wrapper(executor: Any, x: torch.Tensor, t: torch.Tensor, c_concat: Any = None, c_crossattn: Any = None,
                         control: dict | None = None, transformer_options: dict | None = None, **kwargs: Any) -> Any:
     """APPLY_MODEL wrapper (BaseModel.apply_model's arguments): hands a call's ControlNet outputs
-    to the block hooks, which take them out of the residual they keep and add them on a skip."""
+    to the block hooks, which take them out of the residual they keep and add them on a skip, and
+    the call's denoised output to the run's skip feedback."""
     transformer_options = {} if transformer_options is None else transformer_options  # apply_model's default
-    if control is not None and RUN_KEY in transformer_options:
+    run = transformer_options.get(RUN_KEY)
+    if run is None:
+        return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kwargs)
+    if control is not None:
         transformer_options = {**transformer_options, CONTROL_KEY: control}
-    return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kwargs)
+    if run.feedback is None:
+        return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kwargs)
+    run.call = PASSTHROUGH
+    return run.fed_back(executor(x, t, c_concat, c_crossattn, control, transformer_options, **kwargs))
 
 
 def calc_cond_batch_wrapper(executor: Any, model: Any, conds: list, x_in: torch.Tensor, timestep: torch.Tensor,
@@ -442,12 +477,38 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
     reason = reason_not_to_skip(settings, guider, schedule, family)
     if reason is not None:
         cache.disable(reason)
+    feedback = None
+    if method.feedback and cache.enabled:
+        feedback, note = skip_feedback(sampler, schedule)
+        constants = f"{constants}; {note}" if constants else note
     use_signal = policy.uses_signal and cache.enabled
     label = f"{family.name} / {shown.label}"
     latent_channels = model.latent_format.latent_channels if family.caches_in_output_space else 0
     conds = getattr(guider, "conds", None) or {}
     return ActiveRun(cache, family, label, constants, model.diffusion_model, use_signal, latent_channels,
-                     scheduled_hooks(conds), control_ranges(conds, model_sampling.percent_to_sigma))
+                     scheduled_hooks(conds), control_ranges(conds, model_sampling.percent_to_sigma), feedback)
+
+
+def skip_feedback(sampler: Any, schedule: RunSchedule) -> tuple[SkipFeedback | None, str]:
+    """The run's skip feedback, from its sampler run on scalars (a KSAMPLER's k-diffusion-style
+    sampler function), or None where the sampler does not allow it; and what the log says."""
+    sampler_function = getattr(sampler, "sampler_function", None)
+    if sampler_function is None:
+        return None, "skip feedback off: the sampler cannot be run on its own"
+    sigmas = torch.tensor(schedule.sigmas, dtype=torch.float64)
+    options = getattr(sampler, "extra_options", None) or {}
+
+    def run_sampler(denoiser: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return sampler_function(denoiser, x, sigmas, extra_args={}, callback=None, disable=True, **options)
+
+    try:
+        response = SamplerResponse.measure(run_sampler, schedule.steps)
+    except Exception as error:  # a sampler that needs more than a denoiser (a model, its options)
+        LOGGER.debug("[StepCache] the sampler could not be run on scalars", exc_info=True)
+        return None, f"skip feedback off: the sampler could not be run on its own ({type(error).__name__})"
+    if isinstance(response, str):
+        return None, f"skip feedback off: {response}"
+    return SkipFeedback(response, schedule.sigmas), "skip feedback on"
 
 
 def guidance_scale(guider: Any) -> float | None:
@@ -594,8 +655,10 @@ def install(model: Any, settings: CacheSettings, family: families.Family,
     keys = family.block_keys(patched.model.diffusion_model)
     if not keys:
         patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, diffusion_model_wrapper)
+        if settings.method.feedback:
+            patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model_wrapper)
         return patched
-    if family.control_lists:
+    if family.control_lists or settings.method.feedback:
         patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model_wrapper)
     existing = patched.model_options["transformer_options"].get("patches_replace", {}).get("dit", {})
     for position, (kind, index) in enumerate(keys):

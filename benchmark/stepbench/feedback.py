@@ -1,6 +1,10 @@
 """Lab probe (docs/experiments.md section 27): a skip's error fed back at the next computed step.
 
-Not part of the pack. A ``model_function_wrapper`` around a model cached at a quality level keeps
+The pack now does this itself at the levels that feed back (cache_core/feedback.py, section 28:
+D space, next sample, linear); the probe keeps the variants it was chosen from. It turns the pack's
+own feedback off while its wrapper runs; ``--off`` runs the level as shipped.
+
+A ``model_function_wrapper`` around a model cached at a quality level keeps
 each call's model output; at a computed call after skipped ones it estimates what the skipped calls
 should have returned (interpolated between the computed calls around them, or, with
 ``--interp oracle``, taken from the uncached run), and changes this call's output so that the sample
@@ -143,7 +147,8 @@ def main() -> None:
     parser.add_argument("sampler", choices=["euler", "dpmpp_2m"])
     parser.add_argument("set", choices=["headline", "second", "both", "held-out"])
     parser.add_argument("specs", nargs="+", help="level or level:field=value,...")
-    parser.add_argument("--off", action="store_true", help="the level as shipped (no feedback)")
+    parser.add_argument("--off", action="store_true",
+                        help="the level as shipped (with the pack's own feedback where the level has it)")
     parser.add_argument("--space", choices=["D", "d"], default="D")
     parser.add_argument("--target", choices=["next", "final"], default="next")
     parser.add_argument("--interp", choices=["linear", "quadratic", "oracle"], default="linear")
@@ -199,6 +204,8 @@ def main() -> None:
         name, _, fields = spec.partition(":")
         changes = {key: (int(value) if key in ("max_consecutive_skips", "rate_memory") else float(value))
                    for key, value in (field.split("=") for field in fields.split(",") if field)}
+        if not options.off:
+            changes.setdefault("feedback", False)  # the probe's wrapper instead of the pack's feedback
         quality.LEVELS[name] = dataclasses.replace(shipped[name], **changes)
         worst, rows_total, rows_computed, ratios = [], 0, 0, []
         for pair, reference in references.items():

@@ -325,6 +325,7 @@ class Driver:
         self.run_cache = sampling.pack("cache_core.run_cache")
         self.history = sampling.pack("cache_core.history")
         self.reference_cfg = sampling.pack("cache_core.quality").REFERENCE_CFG
+        self.levels = sampling.pack("cache_core.quality").LEVELS
         self.families = sampling.pack("families")
         self.borrowed_ratios = sampling.pack("families.published_magcache").FLUX_DEV
         self.base: dict[str, Any] = {}
@@ -460,6 +461,13 @@ class Driver:
         # A level above the scale it was chosen at tightens its tolerance and says so; nothing else does.
         if self.tightened(spec) != (f"at cfg {spec.cfg:g}" in (run["constants"] or "")):
             problems.append(f"constants {run['constants']!r} at quality {spec.quality}, cfg {spec.cfg:g}")
+        # A level that feeds skips' error back says whether this run's sampler allows it; only then
+        # does it correct, and at most once per computed call.
+        level = self.levels.get(spec.quality)
+        feeds_back = level is not None and level.feedback and not declined
+        if feeds_back != ("skip feedback" in (run["constants"] or "")) or run["feedback_corrections"] > (
+                run["calls_computed"] if "skip feedback on" in (run["constants"] or "") else 0):
+            problems.append(f"feedback: {run['feedback_corrections']} corrections, constants {run['constants']!r}")
         if run["rows_checked"] and spec.check[0] != "first_block":
             problems.append(f"{run['rows_checked']} rows checked with the check off")
         return "; ".join(problems) or None
