@@ -148,3 +148,42 @@ def test_context_windows_feed_back_per_window(host, quality):
     assert stats["feedback_corrections"] > 0 and stats["branches"][0]["entries"] > 1, stats["summary"]
     scale = float(reference.abs().max())
     assert psnr(reference / scale, cached / scale) > 30.0
+
+
+@pytest.mark.slow
+def test_a_controlnet_that_stops_partway_starts_the_feedback_over(reference_image, quality, host, monkeypatch):
+    """The trained demo ControlNet acting on the first half of the run: at the step it stops the
+    cache forgets its residuals and the feedback its outputs (no line drawn across the change); the
+    run corrects on both sides and holds the level's promise."""
+    import nodes
+
+    from harness import sampling
+
+    models = host.pack_module("demo.models")
+    pixels = host.pack_module("demo.pixels")
+    demo_controlnet = host.pack_module("demo.controlnet")
+    model, _ = reference_image
+    controlnet = demo_controlnet.load(model)
+
+    def run(patched) -> torch.Tensor:
+        positive, negative = nodes.ControlNetApplyAdvanced().apply_controlnet(
+            models.conditioning("image", 2, 1), models.conditioning("image", None, 1), controlnet,
+            demo_controlnet.hint_image(2, 1000), 1.0, 0.0, 0.5)[:2]
+        return pixels.latent_to_image(nodes.common_ksampler(
+            patched, 0, 30, 4.0, "euler", "simple", positive, negative, models.empty_latent("image", 1))[0]["samples"])
+
+    reference = run(model)
+    patched, node_id = sampling.apply(model, "magcache", quality=quality.DEFAULT_LEVEL)
+    runtime = host.pack_module("nodes.runtime")
+    options = patched.model_options["transformer_options"]
+    options[runtime.SETTINGS_KEY] = dataclasses.replace(options[runtime.SETTINGS_KEY], record_trace=True)
+    feedback_class = host.pack_module("cache_core.feedback").SkipFeedback
+    forgotten = []
+    original_forget = feedback_class.forget
+    monkeypatch.setattr(feedback_class, "forget", lambda self: (forgotten.append(self), original_forget(self)))
+    cached = run(patched)
+    stats = sampling.stats(node_id)
+    restarts = [event for event in stats["trace"] if "restart" in event]
+    assert len(restarts) == 1 and len(forgotten) == 1, (restarts, forgotten)
+    assert stats["feedback_corrections"] > 0 and "skip feedback on" in stats["constants"], stats["summary"]
+    assert psnr(reference, cached) >= quality.LEVELS[quality.DEFAULT_LEVEL].worst_db
