@@ -11,7 +11,8 @@ next sample moves with each call's output, over how much it moves with this call
 Those weights come from running the sampler itself on scalars (``SamplerResponse.measure``), so no
 table of samplers is kept. Feedback is used only where that run shows a deterministic sampler that
 makes one model call per step and keeps no history of earlier outputs (Euler and the like): there
-it gained at every quality level measured; on multistep samplers (dpmpp_2m) it did not (section 27).
+it brings the levels closer to uncached at equal speed; on multistep samplers (dpmpp_2m) it did not
+(sections 27-28).
 """
 
 from __future__ import annotations

@@ -68,8 +68,8 @@ class QualityLevel:
 # worst case best at every level. balanced and fast follow two measurements while the errors fall
 # fast, which held their promises on models trained anew where one measurement missed (sections 24-25).
 # All but fast feed a skip's error back at the next computed call where the sampler allows it
-# (Euler-like samplers): at equal speed it raised the worst case on every set it was tried on; at
-# fast it moved one clip under the promise at cfg 7 (sections 27-28).
+# (Euler-like samplers): at equal speed it raised the worst case on nearly every set it was tried
+# on, by up to 10 dB; at fast it moved one clip under the promise at cfg 7 (sections 27-28).
 LEVELS: dict[str, QualityLevel] = {
     level.name: level
     for level in (
