@@ -54,9 +54,8 @@ CHECK_TOLERANCE = 0.06
 
 QUALITY_TOOLTIP = (
     "How close to uncached sampling the result stays: lossless, high, balanced or fast. The cache measures "
-    "its own error as it runs and skips as many steps as the level allows; no calibration needed. With euler "
-    "or ddim, lossless, high and balanced also correct each skip at the next computed step. custom: the "
-    "expert inputs, exactly as set."
+    "its own error and skips as many steps as the level allows (with euler or ddim it also corrects skips "
+    "afterwards). custom: the expert inputs, exactly as set."
 )
 
 
