@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,32 +38,12 @@ class SamplerResponse:
 
     @classmethod
     def measure(cls, run_sampler: SamplerRun, steps: int) -> SamplerResponse | str:
-        """Run the sampler on ``steps`` + 1 scalars whose denoiser returns 1 in row ``k`` at call
-        ``k`` and 0 elsewhere (row ``steps``: always 0), so each row's result is its call's weight.
-        Returns the response, or why feedback cannot serve this sampler."""
-        results = []
-        for seed in (0, 1):  # a sampler that draws noise answers differently to another seed
-            calls: list[torch.Tensor] = []
-
-            def denoiser(x: torch.Tensor, sigma: torch.Tensor, *_: object, calls: list = calls, **__: object
-                         ) -> torch.Tensor:
-                calls.append(x[:, 0].clone())
-                output = torch.zeros_like(x)
-                if len(calls) <= steps:
-                    output[len(calls) - 1] = 1.0
-                return output
-
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                result = run_sampler(denoiser, torch.zeros(steps + 1, 1, dtype=torch.float64))
-            if len(calls) != steps:
-                return f"the sampler makes {len(calls)} model calls for {steps} steps"
-            results.append(torch.stack([*calls, result.reshape(steps + 1, -1)[:, 0]]))
-        if not torch.equal(results[0], results[1]):
-            return "the sampler adds noise"
-        samples = results[0]
-        weights = samples[:, :steps] - samples[:, steps:]  # less the all-zero row: the weights alone
-        response = cls(tuple(tuple(float(w) for w in row) for row in weights.tolist()))
+        """The response of the sampler ``run_sampler`` runs (``sampler_weights``), or why feedback
+        cannot serve it."""
+        weights = sampler_weights(run_sampler, steps)
+        if isinstance(weights, str):
+            return weights
+        response = cls(weights)
         if not response.single_step:
             return "the sampler is multistep (it reuses earlier outputs)"
         return response
@@ -86,13 +66,42 @@ class SamplerResponse:
         return True
 
 
+def sampler_weights(run_sampler: SamplerRun, steps: int) -> tuple[tuple[float, ...], ...] | str:
+    """``SamplerResponse.weights`` of any deterministic sampler that calls the model once per step,
+    or why not: the sampler run on ``steps`` + 1 scalars whose denoiser returns 1 in row ``k`` at
+    call ``k`` and 0 elsewhere (row ``steps``: always 0), so each row's result is its call's weight."""
+    results = []
+    for seed in (0, 1):  # a sampler that draws noise answers differently to another seed
+        calls: list[torch.Tensor] = []
+
+        def denoiser(x: torch.Tensor, sigma: torch.Tensor, *_: object, calls: list = calls, **__: object
+                     ) -> torch.Tensor:
+            calls.append(x[:, 0].clone())
+            output = torch.zeros_like(x)
+            if len(calls) <= steps:
+                output[len(calls) - 1] = 1.0
+            return output
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            result = run_sampler(denoiser, torch.zeros(steps + 1, 1, dtype=torch.float64))
+        if len(calls) != steps:
+            return f"the sampler makes {len(calls)} model calls for {steps} steps"
+        results.append(torch.stack([*calls, result.reshape(steps + 1, -1)[:, 0]]))
+    if not torch.equal(results[0], results[1]):
+        return "the sampler adds noise"
+    samples = results[0]
+    weights = samples[:, :steps] - samples[:, steps:]  # less the all-zero row: the weights alone
+    return tuple(tuple(float(w) for w in row) for row in weights.tolist())
+
+
 @dataclass
 class _Stream:
     """One conditioning's calls: its latest computed output and the skipped outputs since."""
 
     last_step: int
     anchor: tuple[float, torch.Tensor] | None = None  # (sigma, denoised) of the latest computed call
-    skipped: list[tuple[int, float, torch.Tensor]] | None = None  # (step, sigma, denoised) since
+    skipped: list[tuple[int, float, torch.Tensor]] = field(default_factory=list)  # (step, sigma, denoised) since
 
 
 class SkipFeedback:
@@ -119,12 +128,12 @@ class SkipFeedback:
         sigma = self.sigmas[step]
         if skipped:
             if stream.anchor is not None:
-                stream.skipped = [*(stream.skipped or ()), (step, sigma, denoised)]
+                stream.skipped.append((step, sigma, denoised))
             return denoised
         result = denoised
         if stream.skipped and stream.anchor is not None:
             result = self._corrected(step, sigma, denoised, stream.anchor, stream.skipped)
-        stream.anchor, stream.skipped = (sigma, denoised), None
+        stream.anchor, stream.skipped = (sigma, denoised), []
         return result
 
     def _corrected(self, step: int, sigma: float, denoised: torch.Tensor, anchor: tuple[float, torch.Tensor],
@@ -151,4 +160,4 @@ class SkipFeedback:
     close = forget
 
 
-__all__ = ["SamplerResponse", "SamplerRun", "SkipFeedback"]
+__all__ = ["SamplerResponse", "SamplerRun", "SkipFeedback", "sampler_weights"]

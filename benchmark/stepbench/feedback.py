@@ -36,28 +36,22 @@ def sampler_sensitivities(sampler_function: Callable[..., torch.Tensor], sigmas:
                           extra_options: dict, space: str) -> list[list[float]]:
     """X[i][k]: how much the sample the sampler holds at call i (i = n: its result) moves per unit of
     the model's output at call k, with that output taken as independent of x: the denoised output D
-    (``space`` "D") or d = (x - D) / sigma ("d"). Found by running the sampler on n + 1 scalars whose
-    model returns a one-hot output in row k at call k (row n: all zero)."""
-    steps = len(sigmas) - 1
-    seen: list[torch.Tensor] = []
+    (``space`` "D") or d = (x - D) / sigma ("d"). The pack's own scalar run
+    (``cache_core.feedback.sampler_weights``), here for multistep samplers too."""
+    feedback = host_module.boot().pack_module("cache_core.feedback")
 
-    def model(x: torch.Tensor, sigma: torch.Tensor, **_: Any) -> torch.Tensor:
-        call = len(seen)
-        seen.append(x[:, 0].clone())
-        output = torch.zeros_like(x)
-        if call < steps:
-            output[call] = 1.0
-        return output if space == "D" else x - sigma.view(-1, 1) * output
+    def run_sampler(denoiser: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        def model(x: torch.Tensor, sigma: torch.Tensor, **options: Any) -> torch.Tensor:
+            output = denoiser(x, sigma, **options)
+            return output if space == "D" else x - sigma.view(-1, 1) * output
 
-    start = torch.zeros(steps + 1, 1, dtype=torch.float64)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        result = sampler_function(model, start, sigmas.double(), extra_args={}, callback=None, disable=True,
-                                  **extra_options)
-    if len(seen) != steps:
-        raise ValueError(f"the sampler made {len(seen)} calls for {steps} steps")
-    seen.append(result[:, 0])
-    return [[float(row[k] - row[steps]) for k in range(steps)] for row in seen]
+        return sampler_function(model, x, sigmas.double(), extra_args={}, callback=None, disable=True,
+                                **extra_options)
+
+    weights = feedback.sampler_weights(run_sampler, len(sigmas) - 1)
+    if isinstance(weights, str):
+        raise ValueError(weights)
+    return [list(row) for row in weights]
 
 
 class Feedback:
