@@ -63,6 +63,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "chosen on")
     parser.add_argument("--context-windows", action="store_true",
                         help="with --levels: the video model in ComfyUI's Context Windows (two windows)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="with --levels: this many steps for every sampler (default: euler 30, dpmpp_2m 20)")
+    parser.add_argument("--scheduler", default=None,
+                        help="with --levels: this ComfyUI scheduler (default simple), e.g. normal, beta, karras")
     parser.add_argument("--controlnet", action="store_true",
                         help="each quality level on the image model with and without a small ControlNet (~6 min)")
     parser.add_argument("--gpu", action="store_true",
@@ -192,10 +196,12 @@ def main(argv: list[str]) -> int:
                 raise SystemExit(f"--weights {item!r}: expected KIND=PATH with KIND one of {list(configs.KINDS)}")
             weights[kind] = pathlib.Path(os.environ.get("STEPCACHE_CALLER_CWD", os.getcwd())) / path
         kinds = args.kinds or (list(weights) if weights else list(configs.KINDS))
-        data = levels.run_levels(kinds, args.samplers, progress, pair_set, args.context_windows, args.cfg, weights)
-        # Only the headline set, at the settings' own cfg, writes docs/benchmark.md's headline block.
+        data = levels.run_levels(kinds, args.samplers, progress, pair_set, args.context_windows, args.cfg, weights,
+                                 args.steps, args.scheduler)
+        # Only the headline set, at the settings' own cfg, steps and scheduler, writes docs/benchmark.md's
+        # headline block.
         headline = (args.docs and pair_set == "headline" and not args.context_windows and not weights
-                    and data["cfg"] == levels.SETTINGS[0].cfg)
+                    and data["cfg"] == levels.SETTINGS[0].cfg and args.steps is None and args.scheduler is None)
         print(levels.write(data, command, args.out, REPO_ROOT / "docs" / "benchmark.md" if headline else None))
         print(f"wrote {args.out / 'levels.md'} in {(time.perf_counter() - started) / 60:.1f} min")
         return 0

@@ -52,3 +52,19 @@ def test_the_levels_bench_takes_another_trained_model_in_place_of_the_reference_
             "cfg": 4.0, "weights": {"image": str(other)}}
     text = levels.markdown(data, "./dev bench --levels --weights image=image_other.safetensors")
     assert "## Quality levels on another trained model" in text and "image `image_other.safetensors`" in text
+
+
+def test_the_levels_bench_runs_at_another_step_count_and_scheduler(host):
+    """``./dev bench --levels --steps N --scheduler NAME``: every sampler setting takes them, the rest stays."""
+    from stepbench import levels
+
+    own = levels.sampler_settings()
+    assert [(s.sampler, s.steps, s.cfg, s.scheduler) for s in own] == [
+        ("euler", 30, 4.0, "simple"), ("dpmpp_2m", 20, 4.0, "simple")]
+    changed = levels.sampler_settings(steps=50, scheduler="beta")
+    assert [(s.sampler, s.steps, s.cfg, s.scheduler) for s in changed] == [
+        ("euler", 50, 4.0, "beta"), ("dpmpp_2m", 50, 4.0, "beta")]
+    assert [s.cfg for s in levels.sampler_settings(cfg=7.0)] == [7.0, 7.0]
+    data = {"levels": {"balanced": 29.0}, "cells": [], "pairs": "image model: 1 image", "set": "headline",
+            "cfg": 4.0, "scheduler": "beta"}
+    assert "cfg 4, scheduler beta." in levels.markdown(data, "./dev bench --levels --scheduler beta")

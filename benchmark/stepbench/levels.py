@@ -78,20 +78,31 @@ def run_setting(bench: Bench, model: Any, node_id: str | None, config: Config, s
 WINDOWS = dict(context_length=5, context_overlap=2, dim=2, context_schedule="standard_static")
 
 
+def sampler_settings(cfg: float | None = None, steps: int | None = None,
+                     scheduler: str | None = None) -> list[SamplerSetting]:
+    """The levels table's sampler settings, with what is given in place of their own."""
+    changes = {"cfg": cfg, "steps": steps, "scheduler": scheduler}
+    return [dataclasses.replace(setting, **{key: value for key, value in changes.items() if value is not None})
+            for setting in SETTINGS]
+
+
 def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[[str], None],
                pair_set: str = "headline", context_windows: bool = False, cfg: float | None = None,
-               weights: dict[str, pathlib.Path] | None = None) -> dict:
+               weights: dict[str, pathlib.Path] | None = None, steps: int | None = None,
+               scheduler: str | None = None) -> dict:
     """``cfg``: another guidance scale than the settings' own (cfg 4, where the levels were chosen).
-    ``weights``: by kind, another trained model than the reference one (the levels were not chosen on it)."""
+    ``weights``: by kind, another trained model than the reference one (the levels were not chosen on it).
+    ``steps``, ``scheduler``: another step count (every sampler) or ComfyUI scheduler than the settings' own."""
     weights = weights or {}
     levels = harness_sampling.pack("cache_core.quality").LEVELS
     pairs = SETS[pair_set]
-    settings = [setting if cfg is None else dataclasses.replace(setting, cfg=cfg) for setting in SETTINGS]
+    settings = sampler_settings(cfg, steps, scheduler)
     if context_windows:
         kinds = [kind for kind in kinds if kind == "video"]
     out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": [],
                  "pairs": describe_pairs(pairs, tuple(kinds)), "set": pair_set, "context_windows": context_windows,
-                 "cfg": settings[0].cfg, "weights": {kind: str(path) for kind, path in weights.items()}}
+                 "cfg": settings[0].cfg, "scheduler": settings[0].scheduler,
+                 "weights": {kind: str(path) for kind, path in weights.items()}}
     for kind in kinds:
         bench = Bench(kind, weights.get(kind))
         base = bench.base
@@ -151,7 +162,8 @@ def markdown(data: dict, command: str) -> str:
         "## Quality levels" + heading,
         "",
         f"Made by `{command}`. Row speedup of the block stack, worst / mean PSNR (dB) against uncached; "
-        f"{evaluated}, cfg {data.get('cfg', SETTINGS[0].cfg):g}. The pack: Apply MagCache with only `quality` set "
+        f"{evaluated}, cfg {data.get('cfg', SETTINGS[0].cfg):g}, scheduler {data.get('scheduler', 'simple')}. "
+        "The pack: Apply MagCache with only `quality` set "
         "(`variant: auto`, no table, no calibration)." + native,
         "",
         "| level (promise) | " + " | ".join(names) + " |",
