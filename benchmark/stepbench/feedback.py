@@ -147,6 +147,8 @@ def main() -> None:
     parser.add_argument("--target", choices=["next", "final"], default="next")
     parser.add_argument("--interp", choices=["linear", "quadratic", "oracle"], default="linear")
     parser.add_argument("--cfg", type=float, help="the CFG scale (default: the levels table's, 4)")
+    parser.add_argument("--steps", type=int, help="the step count (default: the levels table's)")
+    parser.add_argument("--scheduler", help="the ComfyUI scheduler (default: the levels table's, simple)")
     parser.add_argument("--log-time", action="store_true", help="interpolate in log sigma")
     parser.add_argument("--weights", help="the model's weights (default: the reference model)")
     options = parser.parse_args()
@@ -182,9 +184,8 @@ def main() -> None:
             return denoised
         return wrapper
 
-    setting = next(s for s in levels.SETTINGS if s.sampler == options.sampler)
-    if options.cfg is not None:
-        setting = dataclasses.replace(setting, cfg=options.cfg)
+    setting = next(s for s in levels.sampler_settings(options.cfg, options.steps, options.scheduler)
+                   if s.sampler == options.sampler)
     pairs = (levels.PAIRS[options.kind] + levels.SECOND_SET[options.kind] if options.set == "both"
              else levels.SETS[options.set][options.kind])
     bench = Bench(options.kind, options.weights)
