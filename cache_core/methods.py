@@ -222,6 +222,8 @@ class MeasuredErrorConfig(MethodConfig):
     rate_memory: int = 1
     # ... only while the errors fall by more than this factor (the transient); 0: always.
     transient_fall: float = 0.0
+    # The tolerance of a run whose sampler allows no skip feedback (``feedback`` set); None: ``tolerance``.
+    tolerance_without_feedback: float | None = None
     level: str | None = None  # the quality level these settings are, for the statistics
 
     display_name: ClassVar[str] = "measured error"
@@ -232,7 +234,8 @@ class MeasuredErrorConfig(MethodConfig):
                                    prior_growth=self.growth, growth_range=(self.growth, 2.0),
                                    guidance_reference=self.guidance_reference,
                                    guided_error_weight=self.guided_error_weight, rate_memory=self.rate_memory,
-                                   guidance_power=self.guidance_power, transient_fall=self.transient_fall)
+                                   guidance_power=self.guidance_power, transient_fall=self.transient_fall,
+                                   tolerance_without_feedback=self.tolerance_without_feedback)
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         where = f"quality {self.level}: " if self.level else ""

@@ -76,6 +76,7 @@ class CachePolicy(ABC):
         self.times = schedule.step_times
         self.never_skips_because: str | None = None  # set by policies that cannot skip at all
         self.guidance_note: str | None = None  # how the run's CFG scale changed the settings, if it did
+        self.feedback_note: str | None = None  # how a run without skip feedback changed them, if it did
 
     @property
     @abstractmethod
@@ -89,6 +90,11 @@ class CachePolicy(ABC):
         """The run's CFG scale (None where the guider has none), told once before the first step;
         a policy whose tolerance depends on it adapts here."""
         return None  # the published rules' thresholds hold at any scale
+
+    def use_feedback(self, active: bool) -> None:
+        """Whether the run's skip feedback runs (cache_core/feedback.py), told once before the first
+        step; a policy whose tolerance counts on it adapts here."""
+        return None
 
     def decide(self, entry: EntryState, step: int, signal: float | None) -> bool:
         """``wants_skip`` once per step: a decision taken ahead of the call is not taken twice."""
@@ -371,6 +377,10 @@ class MeasuredErrorPolicy(CachePolicy):
     cfg * cond - (cfg - 1) * uncond carries each branch's error amplified by up to cfg (docs/experiments.md
     section 19); a lower scale keeps it. With ``rate_memory`` 2 the rule is cautious enough that a milder
     power holds at cfg 7, where 1 nearly stops skipping (the levels use 0.75; 0.5 missed once; section 24).
+
+    ``tolerance_without_feedback``: the tolerance of a run whose skip feedback does not run (``use_feedback``),
+    scaled by the guidance scale as ``tolerance`` is; None keeps ``tolerance``. A skip's error that is not fed
+    back stays in the sample, and multistep samplers carry it on into later steps (section 31).
     """
 
     name = "measured error"
@@ -392,9 +402,12 @@ class MeasuredErrorPolicy(CachePolicy):
         rate_memory: int = 1,
         guidance_power: float = 1.0,
         transient_fall: float = 0.0,
+        tolerance_without_feedback: float | None = None,
     ) -> None:
         super().__init__(schedule, estimator)
         self.tolerance = tolerance
+        self.tolerance_without_feedback = tolerance_without_feedback
+        self.chosen_tolerance = tolerance  # before the run's guidance scale or feedback scaled it
         self.guided_error_weight = 0.0 if guided else guided_error_weight
         self.guidance_reference = guidance_reference
         self.guidance_power = guidance_power
@@ -423,6 +436,14 @@ class MeasuredErrorPolicy(CachePolicy):
             factor = (reference / cfg) ** self.guidance_power
             self.tolerance *= factor
             self.guidance_note = f"tolerance x{factor:.2f} at cfg {cfg:g}"
+
+    def use_feedback(self, active: bool) -> None:
+        without = self.tolerance_without_feedback
+        if active or without is None or self.chosen_tolerance <= 0.0 or without == self.chosen_tolerance:
+            return
+        factor = without / self.chosen_tolerance
+        self.tolerance *= factor
+        self.feedback_note = f"tolerance x{factor:.2f} without it"
 
     def observe(self, entry: MeasuredState, gap: float, error: float) -> None:
         """A measurement: skipping the step just computed, ``gap`` past its anchors, would have

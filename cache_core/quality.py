@@ -48,6 +48,9 @@ class QualityLevel:
     guidance_power: float = 1.0
     # Feed a skip's error back at the next computed call on single-step samplers (section 28).
     feedback: bool = False
+    # The tolerance where the sampler allows no skip feedback (multistep samplers such as dpmpp_2m);
+    # None: ``tolerance`` there too (docs/experiments.md section 31).
+    tolerance_without_feedback: float | None = None
     estimator: EstimatorSpec = field(default_factory=lambda: EstimatorSpec("damped_forecast", damping=0.5))
 
     def config(self) -> MeasuredErrorConfig:
@@ -57,6 +60,7 @@ class QualityLevel:
             guided_error_weight=self.guided_error_weight, rate_memory=self.rate_memory,
             transient_fall=self.transient_fall, guidance_power=self.guidance_power,
             guidance_reference=REFERENCE_CFG, level=self.name, feedback=self.feedback,
+            tolerance_without_feedback=self.tolerance_without_feedback,
         )
 
 
@@ -78,7 +82,8 @@ LEVELS: dict[str, QualityLevel] = {
         QualityLevel("high", "hard to tell apart", 32.0, tolerance=0.04, max_consecutive_skips=2,
                      retention_ratio=0.3, feedback=True),
         QualityLevel("balanced", "small changes in detail", 29.0, tolerance=0.06, max_consecutive_skips=2,
-                     rate_memory=2, transient_fall=2.0, guidance_power=0.75, feedback=True),
+                     rate_memory=2, transient_fall=2.0, guidance_power=0.75, feedback=True,
+                     tolerance_without_feedback=0.05),
         QualityLevel("fast", "fastest; visible changes", 24.0, tolerance=0.12, max_consecutive_skips=3,
                      rate_memory=2, transient_fall=2.0, guidance_power=0.75),
     )

@@ -480,6 +480,9 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
     feedback = None
     if method.feedback and cache.enabled:
         feedback, note = skip_feedback(sampler, schedule)
+        policy.use_feedback(feedback is not None)
+        if policy.feedback_note:
+            note = f"{note} ({policy.feedback_note})"
         constants = f"{constants}; {note}" if constants else note
     use_signal = policy.uses_signal and cache.enabled
     label = f"{family.name} / {shown.label}"

@@ -22,10 +22,15 @@ def quality(host):
 
 @pytest.fixture
 def without_feedback(quality, monkeypatch):
-    """Makes every level run without feedback (the levels as they were before it)."""
-    def switch_off() -> None:
+    """Makes every level run without feedback: at its own tolerance (the levels as they were before
+    it), or ``as_where_it_cannot_run`` at the tolerance it has where the sampler allows none."""
+    def switch_off(as_where_it_cannot_run: bool = False) -> None:
         for name, level in list(quality.LEVELS.items()):
-            monkeypatch.setitem(quality.LEVELS, name, dataclasses.replace(level, feedback=False))
+            tolerance = level.tolerance
+            if as_where_it_cannot_run and level.tolerance_without_feedback is not None:
+                tolerance = level.tolerance_without_feedback
+            monkeypatch.setitem(quality.LEVELS, name, dataclasses.replace(
+                level, feedback=False, tolerance=tolerance, tolerance_without_feedback=None))
     return switch_off
 
 
@@ -99,8 +104,11 @@ def test_where_the_sampler_does_not_allow_it_the_run_is_as_without_feedback(refe
     with_level = run(fed, 1, 1, sampler, steps)
     stats = sampling.stats(node_id)
     assert "skip feedback off" in stats["constants"] and reason in stats["constants"], stats["constants"]
+    level = quality.LEVELS[quality.DEFAULT_LEVEL]
+    factor = level.tolerance_without_feedback / level.tolerance
+    assert f"(tolerance x{factor:.2f} without it)" in stats["constants"], stats["constants"]
     assert stats["feedback_corrections"] == 0 and stats["calls_skipped"] > 0, stats["summary"]
-    without_feedback()
+    without_feedback(as_where_it_cannot_run=True)
     plain, _ = sampling.apply(model, "magcache", quality=quality.DEFAULT_LEVEL)
     assert torch.equal(with_level, run(plain, 1, 1, sampler, steps))
 

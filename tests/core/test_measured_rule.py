@@ -11,13 +11,15 @@ import torch
 
 
 def measured_run(core, steps=12, tolerance=0.1, k=3, retention=0.0, estimator="forecast", cfg=None,
-                 guidance_reference=None, guided=True, guided_error_weight=0.0, guidance_power=1.0):
+                 guidance_reference=None, guided=True, guided_error_weight=0.0, guidance_power=1.0,
+                 tolerance_without_feedback=None):
     schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
     policy = core.policies.MeasuredErrorPolicy(schedule, tolerance, k, retention,
                                                estimator=core.EstimatorSpec(estimator).build(),
                                                guidance_reference=guidance_reference, guided=guided,
                                                guided_error_weight=guided_error_weight,
-                                               guidance_power=guidance_power)
+                                               guidance_power=guidance_power,
+                                               tolerance_without_feedback=tolerance_without_feedback)
     return schedule, core.RunCache(schedule, policy, cfg=cfg)
 
 
@@ -114,6 +116,23 @@ def test_the_guidance_power_sets_how_far_a_higher_scale_tightens_the_tolerance(c
     for cfg, power, tolerance in ((16.0, 0.5, 0.05), (16.0, 1.0, 0.025), (4.0, 0.5, 0.1)):
         _, cache = measured_run(core, tolerance=0.1, cfg=cfg, guidance_reference=4.0, guidance_power=power)
         assert abs(cache.policy.tolerance - tolerance) < 1e-12, (cfg, power)
+
+
+def test_a_run_without_skip_feedback_gets_its_own_tolerance_scaled_as_the_guidance_scales_it(core):
+    """Where the feedback does not run the tolerance is ``tolerance_without_feedback``, times the
+    guidance factor; where it runs, or with none set, the tolerance is untouched and nothing is noted."""
+    for active, without, cfg, tolerance, note in (
+        (False, 0.05, None, 0.05, "tolerance x0.50 without it"),
+        (False, 0.05, 8.0, 0.025, "tolerance x0.50 without it"),
+        (True, 0.05, 8.0, 0.05, None),
+        (False, None, None, 0.1, None),
+        (False, 0.1, None, 0.1, None),
+    ):
+        _, cache = measured_run(core, tolerance=0.1, cfg=cfg, guidance_reference=4.0,
+                                tolerance_without_feedback=without)
+        cache.policy.use_feedback(active)
+        assert abs(cache.policy.tolerance - tolerance) < 1e-12, (active, without, cfg)
+        assert cache.policy.feedback_note == note, (active, without, cfg)
 
 
 def test_a_tightened_tolerance_skips_fewer_steps(core):
