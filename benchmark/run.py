@@ -63,6 +63,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "chosen on")
     parser.add_argument("--context-windows", action="store_true",
                         help="with --levels: the video model in ComfyUI's Context Windows (two windows)")
+    parser.add_argument("--output-space", action="store_true",
+                        help="with --levels: the models cached as the families without block hooks are (Z-Image, "
+                        "HiDream, Kandinsky 5, ...): the whole model call is the stack")
     parser.add_argument("--steps", type=int, default=None,
                         help="with --levels: this many steps for every sampler (default: euler 30, dpmpp_2m 20)")
     parser.add_argument("--scheduler", default=None,
@@ -197,10 +200,11 @@ def main(argv: list[str]) -> int:
             weights[kind] = pathlib.Path(os.environ.get("STEPCACHE_CALLER_CWD", os.getcwd())) / path
         kinds = args.kinds or (list(weights) if weights else list(configs.KINDS))
         data = levels.run_levels(kinds, args.samplers, progress, pair_set, args.context_windows, args.cfg, weights,
-                                 args.steps, args.scheduler)
+                                 args.steps, args.scheduler, args.output_space)
         # Only the headline set, at the settings' own cfg, steps and scheduler, writes docs/benchmark.md's
         # headline block.
         headline = (args.docs and pair_set == "headline" and not args.context_windows and not weights
+                    and not args.output_space
                     and data["cfg"] == levels.SETTINGS[0].cfg and args.steps is None and args.scheduler is None)
         print(levels.write(data, command, args.out, REPO_ROOT / "docs" / "benchmark.md" if headline else None))
         print(f"wrote {args.out / 'levels.md'} in {(time.perf_counter() - started) / 60:.1f} min")

@@ -224,6 +224,8 @@ class MeasuredErrorConfig(MethodConfig):
     transient_fall: float = 0.0
     # The tolerance of a run whose sampler allows no skip feedback (``feedback`` set); None: ``tolerance``.
     tolerance_without_feedback: float | None = None
+    # The tolerance times this where the model is cached in output space (MeasuredErrorPolicy).
+    output_space_factor: float = 1.0
     level: str | None = None  # the quality level these settings are, for the statistics
 
     display_name: ClassVar[str] = "measured error"
@@ -235,7 +237,8 @@ class MeasuredErrorConfig(MethodConfig):
                                    guidance_reference=self.guidance_reference,
                                    guided_error_weight=self.guided_error_weight, rate_memory=self.rate_memory,
                                    guidance_power=self.guidance_power, transient_fall=self.transient_fall,
-                                   tolerance_without_feedback=self.tolerance_without_feedback)
+                                   tolerance_without_feedback=self.tolerance_without_feedback,
+                                   output_space_factor=self.output_space_factor)
 
     def describe_constants(self, variant: PublishedConstants, chosen: bool) -> str:
         where = f"quality {self.level}: " if self.level else ""

@@ -77,6 +77,7 @@ class CachePolicy(ABC):
         self.never_skips_because: str | None = None  # set by policies that cannot skip at all
         self.guidance_note: str | None = None  # how the run's CFG scale changed the settings, if it did
         self.feedback_note: str | None = None  # how a run without skip feedback changed them, if it did
+        self.space_note: str | None = None  # how caching in output space changed them, if it did
 
     @property
     @abstractmethod
@@ -94,6 +95,11 @@ class CachePolicy(ABC):
     def use_feedback(self, active: bool) -> None:
         """Whether the run's skip feedback runs (cache_core/feedback.py), told once before the first
         step; a policy whose tolerance counts on it adapts here."""
+        return None
+
+    def use_output_space(self) -> None:
+        """The model is cached in output space (the whole model call is the stack), told once before the
+        first step; a policy whose tolerance was chosen in the block stack's space adapts here."""
         return None
 
     def decide(self, entry: EntryState, step: int, signal: float | None) -> bool:
@@ -381,6 +387,10 @@ class MeasuredErrorPolicy(CachePolicy):
     ``tolerance_without_feedback``: the tolerance of a run whose skip feedback does not run (``use_feedback``),
     scaled by the guidance scale as ``tolerance`` is; None keeps ``tolerance``. A skip's error that is not fed
     back stays in the sample, and multistep samplers carry it on into later steps (section 31).
+
+    ``output_space_factor``: where the model is cached in output space (``use_output_space``), the
+    tolerance times this. The relative error of output minus input can read lower there, for the same
+    damage to the image, than the block stack's residual's does (section 33).
     """
 
     name = "measured error"
@@ -403,8 +413,10 @@ class MeasuredErrorPolicy(CachePolicy):
         guidance_power: float = 1.0,
         transient_fall: float = 0.0,
         tolerance_without_feedback: float | None = None,
+        output_space_factor: float = 1.0,
     ) -> None:
         super().__init__(schedule, estimator)
+        self.output_space_factor = output_space_factor
         self.tolerance = tolerance
         self.tolerance_without_feedback = tolerance_without_feedback
         self.chosen_tolerance = tolerance  # before the run's guidance scale or feedback scaled it
@@ -444,6 +456,12 @@ class MeasuredErrorPolicy(CachePolicy):
         factor = without / self.chosen_tolerance
         self.tolerance *= factor
         self.feedback_note = f"tolerance x{factor:.2f} without it"
+
+    def use_output_space(self) -> None:
+        if self.output_space_factor == 1.0:
+            return
+        self.tolerance *= self.output_space_factor
+        self.space_note = f"tolerance x{self.output_space_factor:.2f} in output space"
 
     def observe(self, entry: MeasuredState, gap: float, error: float) -> None:
         """A measurement: skipping the step just computed, ``gap`` past its anchors, would have

@@ -484,6 +484,10 @@ def start_run(settings: CacheSettings, guider: Any, noise: torch.Tensor, latent_
         if policy.feedback_note:
             note = f"{note} ({policy.feedback_note})"
         constants = f"{constants}; {note}" if constants else note
+    if family.caches_in_output_space and cache.enabled:
+        policy.use_output_space()  # the levels were chosen in the block stack's space
+        if policy.space_note:
+            constants = f"{constants}; {policy.space_note}" if constants else policy.space_note
     use_signal = policy.uses_signal and cache.enabled
     label = f"{family.name} / {shown.label}"
     latent_channels = model.latent_format.latent_channels if family.caches_in_output_space else 0

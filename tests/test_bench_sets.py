@@ -68,3 +68,33 @@ def test_the_levels_bench_runs_at_another_step_count_and_scheduler(host):
     data = {"levels": {"balanced": 29.0}, "cells": [], "pairs": "image model: 1 image", "set": "headline",
             "cfg": 4.0, "scheduler": "beta"}
     assert "cfg 4, scheduler beta." in levels.markdown(data, "./dev bench --levels --scheduler beta")
+
+
+def test_the_levels_bench_caches_the_reference_model_in_output_space_while_asked(host):
+    """``./dev bench --levels --output-space``: the reference model cached as the families without block
+    hooks are (the whole model call is skipped), and as its own family again afterwards."""
+    from stepbench import levels
+    from stepbench.configs import Pair, SamplerSetting
+    from stepbench.runner import Bench
+
+    from harness import sampling
+
+    families = host.pack_module("families")
+    bench = Bench("image")
+    try:
+        assert families.family_for(bench.base.model) is families.FLUX
+        with levels.cached_in_output_space(bench.base) as name:
+            family = families.family_for(bench.base.model)
+            assert family.caches_in_output_space and family.name == name == "flux in output space"
+            model, node_id = sampling.apply(bench.base.clone(), "magcache", quality="fast")
+            bench.sample(model, Pair(0, 0), SamplerSetting("euler", 12, 4.0))
+            stats = sampling.stats(node_id)
+            assert stats["label"].startswith("flux in output space / ") and stats["calls_skipped"] > 0
+        assert families.family_for(bench.base.model) is families.FLUX
+    finally:
+        bench.close()
+    data = {"levels": {"balanced": 29.0}, "cells": [], "pairs": "image model: 1 image", "set": "headline",
+            "cfg": 4.0, "output_space": True}
+    text = levels.markdown(data, "./dev bench --levels --output-space")
+    assert "## Quality levels in output space" in text and "Native:" not in text
+    assert "Row speedup of the model calls" in text

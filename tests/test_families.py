@@ -246,3 +246,25 @@ def test_a_skipped_call_hands_comfyui_the_stack_input_plus_the_kept_residual(bas
             residual = finals[step] - inputs[step]
         else:
             assert torch.allclose(finals[step], inputs[step] + residual, atol=1e-5, rtol=1e-5), step
+
+
+@pytest.mark.parametrize("sampler", ["euler", "dpmpp_2m"])
+def test_a_level_in_output_space_takes_a_tighter_tolerance_and_says_so(baselines, output_space_family, sampler):
+    """The levels were chosen in the block stack's space: cached in output space, a run takes the level's
+    tolerance times OUTPUT_SPACE_FACTOR, with any sampler, and its statistics say so."""
+    from harness.sampling import Job, apply, pack, stats
+
+    factor = pack("cache_core.quality").OUTPUT_SPACE_FACTOR
+    model, _ = baselines[output_space_family]
+    patched, node_id = apply(model, "magcache", quality="fast")
+    Job(output_space_family, sampler=sampler).run(patched)
+    assert f"tolerance x{factor:.2f} in output space" in stats(node_id)["constants"]
+
+
+def test_a_level_in_the_block_stack_keeps_its_tolerance(baselines, block_family):
+    from harness.sampling import Job, apply, stats
+
+    model, _ = baselines[block_family]
+    patched, node_id = apply(model, "magcache", quality="fast")
+    Job(block_family, sampler="dpmpp_2m").run(patched)
+    assert "output space" not in stats(node_id)["constants"]

@@ -10,11 +10,12 @@ uncached.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pathlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from harness import sampling as harness_sampling
@@ -78,6 +79,26 @@ def run_setting(bench: Bench, model: Any, node_id: str | None, config: Config, s
 WINDOWS = dict(context_length=5, context_overlap=2, dim=2, context_schedule="standard_static")
 
 
+@contextlib.contextmanager
+def cached_in_output_space(model: Any) -> Iterator[str]:
+    """While open, the pack caches ``model``'s class as it caches the families without block hooks
+    (families/output_space.py: Z-Image, HiDream, Kandinsky 5, Cosmos, ...): the whole model call is
+    the stack, its residual is output minus input. Yields the stand-in family's name."""
+    families = harness_sampling.pack("families")
+    output_space = harness_sampling.pack("families.output_space")
+    model_class = type(model.model).__name__
+    name = f"{model_class.lower()} in output space"
+    stand_in = output_space.OutputSpaceFamily(
+        name=name, model_classes=(model_class,), variants=(harness_sampling.pack("families.base").Variant(name),))
+    by_class = families._BY_CLASS  # the registry family_for reads; restored on exit
+    own = by_class[model_class]
+    by_class[model_class] = stand_in
+    try:
+        yield name
+    finally:
+        by_class[model_class] = own
+
+
 def sampler_settings(cfg: float | None = None, steps: int | None = None,
                      scheduler: str | None = None) -> list[SamplerSetting]:
     """The levels table's sampler settings, with what is given in place of their own."""
@@ -89,10 +110,12 @@ def sampler_settings(cfg: float | None = None, steps: int | None = None,
 def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[[str], None],
                pair_set: str = "headline", context_windows: bool = False, cfg: float | None = None,
                weights: dict[str, pathlib.Path] | None = None, steps: int | None = None,
-               scheduler: str | None = None) -> dict:
+               scheduler: str | None = None, output_space: bool = False) -> dict:
     """``cfg``: another guidance scale than the settings' own (cfg 4, where the levels were chosen).
     ``weights``: by kind, another trained model than the reference one (the levels were not chosen on it).
-    ``steps``, ``scheduler``: another step count (every sampler) or ComfyUI scheduler than the settings' own."""
+    ``steps``, ``scheduler``: another step count (every sampler) or ComfyUI scheduler than the settings' own.
+    ``output_space``: the models cached as the families without block hooks are (``cached_in_output_space``);
+    the native caches are left out there (they cache in output space anyway: the headline table has them)."""
     weights = weights or {}
     levels = harness_sampling.pack("cache_core.quality").LEVELS
     pairs = SETS[pair_set]
@@ -101,40 +124,49 @@ def run_levels(kinds: list[str], samplers: list[str] | None, progress: Callable[
         kinds = [kind for kind in kinds if kind == "video"]
     out: dict = {"levels": {name: level.worst_db for name, level in levels.items()}, "cells": [],
                  "pairs": describe_pairs(pairs, tuple(kinds)), "set": pair_set, "context_windows": context_windows,
-                 "cfg": settings[0].cfg, "scheduler": settings[0].scheduler,
+                 "cfg": settings[0].cfg, "scheduler": settings[0].scheduler, "output_space": output_space,
                  "weights": {kind: str(path) for kind, path in weights.items()}}
     for kind in kinds:
         bench = Bench(kind, weights.get(kind))
-        base = bench.base
-        if context_windows:
-            from comfy_extras.nodes_context_windows import ContextWindowsManualNode
-
-            base = harness_sampling.execute_node(ContextWindowsManualNode, model=base, **WINDOWS)[0]
-        for setting in settings:
-            if samplers and setting.sampler not in samplers:
-                continue
-            references = {pair: bench.decode(bench.sample(base, pair, setting)) for pair in pairs[kind]}
-            cell: dict = {"kind": kind, "setting": setting.key, "levels": {}, "native": {}}
-            for name in levels:
-                model, node_id = harness_sampling.apply(base.clone(), "magcache", quality=name)
-                result = run_setting(bench, model, node_id, Config("magcache"), setting, references)
-                cell["levels"][name] = result
-                progress(f"{kind} {setting.key} {name}: {result['rows']:.2f}x, {result['worst']:.2f} / "
-                         f"{result['mean']:.2f} dB")
-            for method in ("easycache", "lazycache"):
-                cell["native"][method] = []
-                if context_windows:
-                    continue  # the pack's levels only: each window cached on its own
-                for threshold in NATIVE_THRESHOLDS:
-                    config = Config(method, threshold=threshold)
-                    model, _ = bench.build(config, {})
-                    result = {"threshold": threshold, **run_setting(bench, model, None, config, setting, references)}
-                    cell["native"][method].append(result)
-                    progress(f"{kind} {setting.key} {method} {threshold}: {result['rows']:.2f}x, "
-                             f"{result['worst']:.2f} dB")
-            out["cells"].append(cell)
+        with cached_in_output_space(bench.base) if output_space else contextlib.nullcontext():
+            _run_kind(bench, kind, levels, pairs[kind], settings, samplers, progress, context_windows,
+                      output_space, out["cells"])
         bench.close()
     return out
+
+
+def _run_kind(bench: Bench, kind: str, levels: dict, pairs: list[Pair], settings: list[SamplerSetting],
+              samplers: list[str] | None, progress: Callable[[str], None], context_windows: bool,
+              output_space: bool, cells: list[dict]) -> None:
+    """One model's cells: every level, and the native caches at every threshold, per sampler setting."""
+    base = bench.base
+    if context_windows:
+        from comfy_extras.nodes_context_windows import ContextWindowsManualNode
+
+        base = harness_sampling.execute_node(ContextWindowsManualNode, model=base, **WINDOWS)[0]
+    for setting in settings:
+        if samplers and setting.sampler not in samplers:
+            continue
+        references = {pair: bench.decode(bench.sample(base, pair, setting)) for pair in pairs}
+        cell: dict = {"kind": kind, "setting": setting.key, "levels": {}, "native": {}}
+        for name in levels:
+            model, node_id = harness_sampling.apply(base.clone(), "magcache", quality=name)
+            result = run_setting(bench, model, node_id, Config("magcache"), setting, references)
+            cell["levels"][name] = result
+            progress(f"{kind} {setting.key} {name}: {result['rows']:.2f}x, {result['worst']:.2f} / "
+                     f"{result['mean']:.2f} dB")
+        for method in ("easycache", "lazycache"):
+            cell["native"][method] = []
+            if context_windows or output_space:
+                continue  # the pack's levels only: each window cached on its own; natives as in the headline
+            for threshold in NATIVE_THRESHOLDS:
+                config = Config(method, threshold=threshold)
+                model, _ = bench.build(config, {})
+                result = {"threshold": threshold, **run_setting(bench, model, None, config, setting, references)}
+                cell["native"][method].append(result)
+                progress(f"{kind} {setting.key} {method} {threshold}: {result['rows']:.2f}x, "
+                         f"{result['worst']:.2f} dB")
+        cells.append(cell)
 
 
 def best_native(results: list[dict], worst_db: float) -> dict | None:
@@ -147,13 +179,20 @@ def markdown(data: dict, command: str) -> str:
     cells = data["cells"]
     names = [f"{c['kind']}, {c['setting'].replace('-', ' ')}" for c in cells]
     windows = data.get("context_windows", False)
+    output_space = data.get("output_space", False)
+    levels_only = windows or output_space  # no native rows
     evaluated = data.get("pairs", describe_pairs(PAIRS))
     if windows:
         evaluated += (" in ComfyUI's Context Windows (length 5, overlap 2, standard_static: two windows), "
                       "against the uncached windowed runs")
-    native = ("" if windows else " Native: the fastest reuse_threshold of "
+    if output_space:
+        evaluated += (", cached in output space as the families without block hooks are (Z-Image, HiDream, "
+                      "Kandinsky 5, ...: the whole model call is skipped, its residual is output minus input)")
+    native = ("" if levels_only else " Native: the fastest reuse_threshold of "
               f"{list(NATIVE_THRESHOLDS)} whose worst case holds the level's promise (- where none does).")
     heading = " in context windows" if windows else HEADINGS[data.get("set", "headline")]
+    if output_space:
+        heading = " in output space" + ("" if data.get("set", "headline") == "headline" else heading)
     if data.get("weights"):
         heading = " on another trained model" + ("" if data.get("set", "headline") == "headline" else heading)
         evaluated += "; models: " + ", ".join(f"{kind} `{pathlib.Path(path).name}`"
@@ -161,7 +200,8 @@ def markdown(data: dict, command: str) -> str:
     out = [
         "## Quality levels" + heading,
         "",
-        f"Made by `{command}`. Row speedup of the block stack, worst / mean PSNR (dB) against uncached; "
+        f"Made by `{command}`. Row speedup of the {'model calls' if output_space else 'block stack'}, worst / mean "
+        "PSNR (dB) against uncached; "
         f"{evaluated}, cfg {data.get('cfg', SETTINGS[0].cfg):g}, scheduler {data.get('scheduler', 'simple')}. "
         "The pack: Apply MagCache with only `quality` set "
         "(`variant: auto`, no table, no calibration)." + native,
@@ -177,7 +217,7 @@ def markdown(data: dict, command: str) -> str:
             row.append(f"{r['rows']:.2f}x, {r['worst']:.2f} / {r['mean']:.2f}{mark}")
         out.append(f"| **{name}** (>= {promise:g} dB) | " + " | ".join(row) + " |")
         for method, label in (("easycache", "EasyCache"), ("lazycache", "LazyCache")):
-            if data.get("context_windows"):
+            if levels_only:
                 break
             row = []
             for cell in cells:

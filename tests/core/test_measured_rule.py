@@ -12,14 +12,15 @@ import torch
 
 def measured_run(core, steps=12, tolerance=0.1, k=3, retention=0.0, estimator="forecast", cfg=None,
                  guidance_reference=None, guided=True, guided_error_weight=0.0, guidance_power=1.0,
-                 tolerance_without_feedback=None):
+                 tolerance_without_feedback=None, output_space_factor=1.0):
     schedule = core.RunSchedule.from_sigmas([1 - i / steps for i in range(steps + 1)])
     policy = core.policies.MeasuredErrorPolicy(schedule, tolerance, k, retention,
                                                estimator=core.EstimatorSpec(estimator).build(),
                                                guidance_reference=guidance_reference, guided=guided,
                                                guided_error_weight=guided_error_weight,
                                                guidance_power=guidance_power,
-                                               tolerance_without_feedback=tolerance_without_feedback)
+                                               tolerance_without_feedback=tolerance_without_feedback,
+                                               output_space_factor=output_space_factor)
     return schedule, core.RunCache(schedule, policy, cfg=cfg)
 
 
@@ -133,6 +134,18 @@ def test_a_run_without_skip_feedback_gets_its_own_tolerance_scaled_as_the_guidan
         cache.policy.use_feedback(active)
         assert abs(cache.policy.tolerance - tolerance) < 1e-12, (active, without, cfg)
         assert cache.policy.feedback_note == note, (active, without, cfg)
+
+
+def test_output_space_takes_its_factor_on_top_of_the_other_scalings(core):
+    """Cached in output space, the tolerance (already scaled for the guidance and a missing feedback) is
+    times ``output_space_factor``, and the run says so; a factor of 1 leaves it and notes nothing."""
+    for factor, tolerance in ((0.5, 0.0125), (1.0, 0.025)):
+        _, cache = measured_run(core, tolerance=0.1, cfg=8.0, guidance_reference=4.0,
+                                tolerance_without_feedback=0.05, output_space_factor=factor)
+        cache.policy.use_feedback(False)
+        cache.policy.use_output_space()
+        assert abs(cache.policy.tolerance - tolerance) < 1e-12, factor
+        assert cache.policy.space_note == ("tolerance x0.50 in output space" if factor == 0.5 else None), factor
 
 
 def test_a_tightened_tolerance_skips_fewer_steps(core):
