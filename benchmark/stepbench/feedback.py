@@ -59,9 +59,11 @@ class Feedback:
 
     def __init__(self, last_call: dict, sampler: Any, space: str, target: str,
                  interp: str, reference: list[torch.Tensor] | None, log_time: bool = False,
-                 cfg: float | None = None) -> None:
+                 cfg: float | None = None, chain: bool = False) -> None:
         self.last_call, self.sampler = last_call, sampler  # last_call["skip"]: what the run cache did
         self.space, self.target, self.interp, self.reference = space, target, interp, reference
+        # Multistep samplers (section 34): every call cancels what all earlier deviations leave in the next sample.
+        self.chain, self.deviations = chain, []  # deviations: (step, output - what it should have been)
         self.log_time = log_time  # interpolate in log sigma (the multistep samplers' time) instead of sigma
         self.sensitivities: list[list[float]] | None = None
         self.cfg, self.branches = cfg, []
@@ -84,6 +86,8 @@ class Feedback:
             self.sensitivities = sampler_sensitivities(self.sampler.sampler_function, sigmas,
                                                        self.sampler.extra_options, self.space)
         output = denoised if self.space == "D" else (x - denoised) / sigma
+        if self.chain:
+            return self.chained(step, sigma, skipped, output, denoised)
         if skipped:
             self.pending.append((step, sigma, output))
             return denoised
@@ -103,6 +107,27 @@ class Feedback:
         self.pending = []
         self.anchors = [*self.anchors[-1:], (sigma, output)]
         return denoised
+
+    def chained(self, step: int, sigma: float, skipped: bool, output: torch.Tensor, denoised: torch.Tensor
+                ) -> torch.Tensor:
+        """The chained form for multistep samplers: each call, skipped or computed, changes its output so
+        that the next sample carries none of the earlier calls' deviations, skips' errors (known once the
+        next call computes) and earlier corrections alike, which the sampler's history term reuses."""
+        if skipped:
+            self.pending.append((step, sigma, output))
+        else:
+            if self.anchors:
+                for skipped_step, skipped_sigma, skipped_output in self.pending:
+                    estimate = self.estimate(skipped_step, skipped_sigma, sigma, output)
+                    self.deviations.append((skipped_step, skipped_output - estimate))
+            self.pending = []
+            self.anchors = [*self.anchors[-1:], (sigma, output)]
+        row = self.sensitivities[step + 1]
+        if not self.deviations or abs(row[step]) < 1e-12:
+            return denoised
+        carried = sum(row[k] * d for k, d in self.deviations) / row[step]
+        self.deviations.append((step, -carried))
+        return denoised - carried if self.space == "D" else denoised + sigma * carried
 
     def guided(self, error: torch.Tensor) -> torch.Tensor:
         """What the sampler sees of a per-branch error: cfg * cond - (cfg - 1) * uncond."""
@@ -149,6 +174,8 @@ def main() -> None:
     parser.add_argument("--cfg", type=float, help="the CFG scale (default: the levels table's, 4)")
     parser.add_argument("--steps", type=int, help="the step count (default: the levels table's)")
     parser.add_argument("--scheduler", help="the ComfyUI scheduler (default: the levels table's, simple)")
+    parser.add_argument("--chain", action="store_true",
+                        help="every call cancels all earlier deviations in the next sample (multistep samplers)")
     parser.add_argument("--log-time", action="store_true", help="interpolate in log sigma")
     parser.add_argument("--weights", help="the model's weights (default: the reference model)")
     options = parser.parse_args()
@@ -207,7 +234,8 @@ def main() -> None:
             model, node = sampling.apply(bench.base.clone(), "magcache", quality=name)
             if not options.off:
                 feedback = Feedback(last_call, comfy.samplers.ksampler(options.sampler), options.space,
-                                    options.target, options.interp, outputs[pair], options.log_time, setting.cfg)
+                                    options.target, options.interp, outputs[pair], options.log_time, setting.cfg,
+                                    options.chain)
                 model.set_model_unet_function_wrapper(feedback)
             latent = bench.sample(model, pair, setting)
             if not options.off:
